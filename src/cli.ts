@@ -1,0 +1,81 @@
+#!/usr/bin/env node
+/**
+ * The `lakefront` command: the front door over configured nodes, or over an embedded demo
+ * cluster when none are configured.
+ */
+import { readFileSync } from 'node:fs';
+import { Command, helpText, parseCommand } from './config/config.js';
+import { startDemoCluster, type DemoCluster } from './demo.js';
+import { FrontDoor } from './server/supervisor.js';
+
+/** Exit code for a configuration the operator must fix. */
+const EXIT_CONFIG = 2;
+
+function fail(message: string, code: number): never {
+  process.stderr.write(`lakefront: ${message}\n`);
+  process.exit(code);
+}
+
+async function main(): Promise<void> {
+  let command: Command;
+  try {
+    command = parseCommand(process.argv.slice(2), process.env);
+  } catch (err) {
+    fail((err as Error).message, EXIT_CONFIG);
+  }
+  if (command.kind === 'help') {
+    process.stdout.write(`${helpText()}\n`);
+    return;
+  }
+  if (command.kind === 'version') {
+    const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string };
+    process.stdout.write(`${pkg.version}\n`);
+    return;
+  }
+
+  let demo: DemoCluster | null = null;
+  let config = command.config;
+  if (command.demo) {
+    demo = await startDemoCluster();
+    config = { ...config, clusters: [{ name: config.clusters[0]!.name, members: demo.members }] };
+  }
+
+  let door: FrontDoor;
+  try {
+    door = await FrontDoor.start(config);
+  } catch (err) {
+    await demo?.close();
+    fail((err as Error).message, 1);
+  }
+  door.on('worker-exit', (slot: number, code: number) => {
+    process.stderr.write(`lakefront: worker ${slot} exited (code ${code}); replacing it\n`);
+  });
+  door.on('error', (err: Error) => process.stderr.write(`lakefront: ${err.message}\n`));
+
+  const nodes = config.clusters.flatMap((c) => c.members.map((m) => `${m.id}=${m.url}`)).join(', ');
+  process.stdout.write(
+    `lakefront: listening on ${door.url} with ${door.threads} worker thread(s) over ${demo ? 'the embedded demo cluster: ' : ''}${nodes}\n`,
+  );
+  if (demo) {
+    process.stdout.write(
+      `try: curl -s -X POST -H 'x-lakefront-board: board-1' -d '{}' ${door.url}/rpc/query.execute -i\n`,
+    );
+  }
+
+  let signals = 0;
+  const shutdown = (signal: string): void => {
+    if (++signals > 1) fail(`second ${signal}: exiting without draining`, 1);
+    process.stdout.write(`lakefront: ${signal}: draining\n`);
+    door
+      .stop()
+      .then(() => demo?.close())
+      .then(
+        () => process.exit(0),
+        (err: Error) => fail(err.message, 1),
+      );
+  };
+  process.on('SIGTERM', () => shutdown('SIGTERM'));
+  process.on('SIGINT', () => shutdown('SIGINT'));
+}
+
+main().catch((err: Error) => fail(err.stack ?? err.message, 1));

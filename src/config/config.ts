@@ -1,0 +1,155 @@
+/**
+ * Configuration from flags and environment (flags win). Every bad value stops start-up with a
+ * ConfigError whose message is one line naming the value.
+ */
+import { parseArgs } from 'node:util';
+import { ConfigError } from '../errors.js';
+import { validateMembers, type MemberConfig } from '../membership/membership.js';
+import {
+  DEFAULT_CLUSTER,
+  DEFAULT_HEALTH_INTERVAL_MS,
+  DEFAULT_HEALTH_TIMEOUT_MS,
+  DEFAULT_HOST,
+  RPC_ROUTE,
+  defaultSettings,
+  defaultThreads,
+} from '../server/settings.js';
+import type { FrontDoorConfig } from '../server/supervisor.js';
+
+export interface CliOption {
+  readonly flag: string;
+  readonly env?: string;
+  readonly value: string;
+  readonly help: string;
+}
+
+/** Every option, for `--help` and the README's configuration table. */
+export const OPTIONS: readonly CliOption[] = [
+  { flag: 'nodes', env: 'LAKEFRONT_NODES', value: 'id=url,...', help: 'upstream nodes; none: start an embedded demo cluster of three' },
+  { flag: 'port', env: 'PORT', value: 'n', help: 'listen port (0: any free port) [8080]' },
+  { flag: 'host', env: 'LAKEFRONT_HOST', value: 'addr', help: `listen address [${DEFAULT_HOST}; 127.0.0.1 for the demo]` },
+  { flag: 'threads', env: 'LAKEFRONT_THREADS', value: 'n', help: 'data-plane worker threads [one per core]' },
+  { flag: 'hedge-ms', env: 'LAKEFRONT_HEDGE_MS', value: 'ms', help: 'hedge delay before a node has 8 latency samples [250]' },
+  { flag: 'hedge-percentile', env: 'LAKEFRONT_HEDGE_PERCENTILE', value: 'p', help: "percentile of a node's own latency that triggers a hedge [95]" },
+  { flag: 'health-interval-ms', env: 'LAKEFRONT_HEALTH_INTERVAL_MS', value: 'ms', help: 'health-poll interval [1000]' },
+  { flag: 'health-timeout-ms', env: 'LAKEFRONT_HEALTH_TIMEOUT_MS', value: 'ms', help: 'health-probe deadline [500]' },
+  { flag: 'request-timeout-ms', env: 'LAKEFRONT_REQUEST_TIMEOUT_MS', value: 'ms', help: 'an attempt slower than this fails [10000]' },
+  { flag: 'max-body-bytes', env: 'LAKEFRONT_MAX_BODY_BYTES', value: 'n', help: 'largest request body accepted [1048576]' },
+  { flag: 'upstream-connections', env: 'LAKEFRONT_UPSTREAM_CONNECTIONS', value: 'n', help: 'keep-alive connections per node, per thread [64]' },
+  { flag: 'drain-timeout-ms', env: 'LAKEFRONT_DRAIN_TIMEOUT_MS', value: 'ms', help: 'on SIGTERM/SIGINT, wait this long for in-flight requests [10000]' },
+];
+
+export const DEFAULT_PORT = 8080;
+
+export type Command =
+  | { readonly kind: 'help' }
+  | { readonly kind: 'version' }
+  | { readonly kind: 'run'; readonly demo: boolean; readonly config: FrontDoorConfig };
+
+/** Parses `id=url,id=url`. */
+export function parseNodes(text: string, source: string): MemberConfig[] {
+  const members: MemberConfig[] = [];
+  for (const part of text.split(',')) {
+    const entry = part.trim();
+    if (entry === '') continue;
+    const eq = entry.indexOf('=');
+    if (eq <= 0 || eq === entry.length - 1) throw new ConfigError(`${source}: bad entry ${JSON.stringify(entry)} (want id=url)`);
+    members.push({ id: entry.slice(0, eq).trim(), url: entry.slice(eq + 1).trim() });
+  }
+  if (members.length === 0) throw new ConfigError(`${source}: no nodes in ${JSON.stringify(text)}`);
+  return validateMembers(members, source);
+}
+
+function integer(raw: string, source: string, min: number, max: number): number {
+  if (!/^\d+$/.test(raw.trim())) throw new ConfigError(`${source}: not a whole number: ${JSON.stringify(raw)}`);
+  const value = Number(raw);
+  if (value < min || value > max) throw new ConfigError(`${source}: ${value} is out of range ${min}..${max}`);
+  return value;
+}
+
+function decimal(raw: string, source: string, min: number, max: number): number {
+  const value = Number(raw);
+  if (raw.trim() === '' || !Number.isFinite(value)) throw new ConfigError(`${source}: not a number: ${JSON.stringify(raw)}`);
+  if (value < min || value > max) throw new ConfigError(`${source}: ${value} is out of range ${min}..${max}`);
+  return value;
+}
+
+/** Parses the command line and environment into a command. Throws ConfigError on a bad value. */
+export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): Command {
+  const options: Record<string, { type: 'string' | 'boolean'; short?: string }> = {
+    help: { type: 'boolean', short: 'h' },
+    version: { type: 'boolean' },
+  };
+  for (const option of OPTIONS) options[option.flag] = { type: 'string' };
+  let values: Record<string, string | boolean | undefined>;
+  try {
+    ({ values } = parseArgs({ args: [...argv], options, strict: true, allowPositionals: false }));
+  } catch (err) {
+    throw new ConfigError((err as Error).message.split('\n')[0]!);
+  }
+  if (values.help) return { kind: 'help' };
+  if (values.version) return { kind: 'version' };
+
+  /** The raw value of an option and where it came from: flag over environment. */
+  const read = (flag: string): [string, string] | undefined => {
+    const fromFlag = values[flag];
+    if (typeof fromFlag === 'string') return [fromFlag, `--${flag}`];
+    const option = OPTIONS.find((o) => o.flag === flag)!;
+    const fromEnv = option.env !== undefined ? env[option.env] : undefined;
+    if (fromEnv !== undefined && fromEnv !== '') return [fromEnv, option.env!];
+    return undefined;
+  };
+  const int = (flag: string, fallback: number, min: number, max: number): number => {
+    const got = read(flag);
+    return got ? integer(got[0], got[1], min, max) : fallback;
+  };
+  /** An optional whole number: undefined keeps the documented default. */
+  const opt = (flag: string, min: number, max: number): number | undefined => {
+    const got = read(flag);
+    return got ? integer(got[0], got[1], min, max) : undefined;
+  };
+
+  const nodesRaw = read('nodes');
+  const demo = nodesRaw === undefined;
+  const members = demo ? [] : parseNodes(nodesRaw[0], nodesRaw[1]);
+  const hostRaw = read('host');
+  const host = hostRaw ? hostRaw[0].trim() : demo ? '127.0.0.1' : DEFAULT_HOST;
+  if (host === '' || /\s/.test(host)) throw new ConfigError(`${hostRaw?.[1] ?? 'host'}: bad address ${JSON.stringify(host)}`);
+  const percentileRaw = read('hedge-percentile');
+
+  const config: FrontDoorConfig = {
+    host,
+    port: int('port', DEFAULT_PORT, 0, 65535),
+    threads: int('threads', defaultThreads(), 1, 256),
+    clusters: [{ name: DEFAULT_CLUSTER, members }],
+    routes: [RPC_ROUTE],
+    healthIntervalMs: int('health-interval-ms', DEFAULT_HEALTH_INTERVAL_MS, 10, 3_600_000),
+    healthTimeoutMs: int('health-timeout-ms', DEFAULT_HEALTH_TIMEOUT_MS, 1, 60_000),
+    settings: defaultSettings({
+      hedgeDelayMs: opt('hedge-ms', 0, 600_000),
+      hedgeAfterPercentile: percentileRaw ? decimal(percentileRaw[0], percentileRaw[1], 1, 100) : undefined,
+      requestTimeoutMs: opt('request-timeout-ms', 1, 3_600_000),
+      maxBodyBytes: opt('max-body-bytes', 0, 1024 * 1024 * 1024),
+      upstreamConnections: opt('upstream-connections', 1, 100_000),
+      drainTimeoutMs: opt('drain-timeout-ms', 0, 3_600_000),
+    }),
+  };
+  return { kind: 'run', demo, config };
+}
+
+export function helpText(): string {
+  const lines = [
+    'Usage: lakefront [options]',
+    '',
+    'A multi-threaded HTTP front door: routes /rpc/* by x-lakefront-board with weighted',
+    'rendezvous hashing, hedges reads at each node\'s own p95, sends bare writes exactly once.',
+    '',
+    'Options (flags override the environment variable in brackets):',
+  ];
+  for (const option of OPTIONS) {
+    const left = `  --${option.flag} ${option.value}`;
+    lines.push(`${left.padEnd(34)}${option.help}${option.env ? ` [env ${option.env}]` : ''}`);
+  }
+  lines.push('  -h, --help                      this text', '  --version                       print the version');
+  return lines.join('\n');
+}

@@ -1,0 +1,85 @@
+/**
+ * The wire contract between clients, the front door and the nodes behind it: header names and the
+ * rule for which requests may be sent more than once.
+ *
+ * A request is *retryable* when sending it twice cannot land twice: a read, or a mutation that
+ * carries an idempotency key (the node deduplicates by key). Retryable requests may be hedged and
+ * failed over; everything else gets exactly one attempt on exactly one node.
+ */
+
+/** Opt-in header: a mutation carrying `x-lakefront-idempotent: 1` is deduplicated by the node. */
+export const IDEMPOTENT_HEADER = 'x-lakefront-idempotent';
+
+/** Header naming the board (the routing key) of an `/rpc/*` request. */
+export const BOARD_HEADER = 'x-lakefront-board';
+
+/** Response header: id of the node whose answer was relayed. */
+export const SERVED_BY_HEADER = 'x-lakefront-served-by';
+
+/** Response header: `1` when a hedge was fired for this request, else `0`. */
+export const HEDGED_HEADER = 'x-lakefront-hedged';
+
+/** Procedures that only read: re-running them is always safe. */
+export const IDEMPOTENT_PROCEDURES: ReadonlySet<string> = new Set([
+  'query.execute',
+  'node.stats',
+  'changes.read',
+]);
+
+const RPC_PREFIX = '/rpc/';
+
+/**
+ * Whether `path` names a procedure in {@link IDEMPOTENT_PROCEDURES}: `/rpc/<procedure>`, with an
+ * optional query string, e.g. `/rpc/query.execute?x=1`.
+ */
+export function isIdempotentPath(path: string): boolean {
+  if (!path.startsWith(RPC_PREFIX)) return false;
+  let end = path.indexOf('?', RPC_PREFIX.length);
+  if (end < 0) end = path.length;
+  return IDEMPOTENT_PROCEDURES.has(path.slice(RPC_PREFIX.length, end));
+}
+
+/** Anything with a `get(name)` that answers a header value: WHATWG `Headers`, or a small adapter. */
+export interface HeaderLookup {
+  get(name: string): string | null | undefined;
+}
+
+/**
+ * `isIdempotentPath(path)`, or `headers` carrying {@link IDEMPOTENT_HEADER} set to `"1"`.
+ */
+export function isRetryable(path: string, headers?: HeaderLookup | Record<string, string | undefined>): boolean {
+  if (isIdempotentPath(path)) return true;
+  if (headers === undefined) return false;
+  const value = typeof (headers as HeaderLookup).get === 'function'
+    ? (headers as HeaderLookup).get(IDEMPOTENT_HEADER)
+    : (headers as Record<string, string | undefined>)[IDEMPOTENT_HEADER];
+  return value === '1';
+}
+
+/**
+ * Methods that HTTP defines as safe (RFC 9110 section 9.2.1): a proxy may repeat them. The front
+ * door treats them as retryable whatever the path.
+ */
+export function isSafeMethod(method: string): boolean {
+  return method === 'GET' || method === 'HEAD' || method === 'OPTIONS';
+}
+
+/**
+ * Hop-by-hop request headers (RFC 9110 section 7.6.1, plus `expect`, `host` and `content-length`,
+ * which the upstream client sets itself). They are never handed to undici: several make it throw,
+ * and a throw after the pool slot is taken leaks the slot.
+ */
+export const DROPPED_REQUEST_HEADERS: ReadonlySet<string> = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'proxy-authenticate',
+  'proxy-authorization',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+  'expect',
+  'host',
+  'content-length',
+]);

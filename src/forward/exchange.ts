@@ -1,0 +1,235 @@
+/**
+ * One client request's journey over its candidate nodes: the primary attempt, at most one hedge,
+ * and failover down the ranking. Shared by the worker data plane (undici dispatch) and the
+ * in-process `Router` (fetch); the transport is the driver's business.
+ *
+ * Rules (seed 000):
+ * - The primary is the head of the ranking.
+ * - A retryable request hedges to the next candidate when the current primary has not answered by
+ *   its hedge trigger (its own p95, or the configured delay); the first good answer wins and
+ *   every other attempt is aborted.
+ * - A retryable request fails over down the whole ranking when an attempt fails; when every
+ *   candidate has failed it settles as `ALL_CANDIDATES_FAILED` (502).
+ * - A request that is not retryable gets exactly one attempt on one node: no hedge, no failover.
+ *   If that attempt fails the outcome is unknown to us and it settles as `OUTCOME_UNKNOWN` (502).
+ *
+ * An attempt *fails* when the transport errors (connect, reset, timeout) or when the node answers
+ * 502, 503 or 504, which say the node could not serve rather than what the request did. Any other
+ * status is an answer and is relayed as is.
+ */
+import { ErrorCodes } from '../errors.js';
+
+export interface AttemptHandle {
+  /** Stop the attempt; safe to call after it finished. */
+  abort(): void;
+}
+
+/** Counters an exchange bumps. Implementations decide where they live (shared memory, plain). */
+export interface ExchangeCounters {
+  hedge(): void;
+  hedgeWin(): void;
+  failover(): void;
+}
+
+export interface ExchangeDriver {
+  /** Start one attempt of `exchange` at cluster node `node`; it reports through the exchange. */
+  startAttempt(exchange: Exchange, node: number, ordinal: number): AttemptHandle;
+  /** Hedge trigger in milliseconds for `exchange`, whose current primary is `node`. */
+  hedgeDelayMs(exchange: Exchange, node: number): number;
+  /** Called exactly once when the exchange settles (answer or failure). */
+  settle(exchange: Exchange): void;
+  readonly counters: ExchangeCounters;
+}
+
+/** Statuses that say the node could not serve: the attempt counts as failed. */
+export function isGatewayFailure(status: number): boolean {
+  return status === 502 || status === 503 || status === 504;
+}
+
+export interface ExchangeFailure {
+  readonly code: string;
+  readonly status: number;
+  readonly message: string;
+}
+
+const MAX_CANDIDATES = 64;
+
+export class Exchange {
+  readonly driver: ExchangeDriver;
+  /** Candidate node indices, best first. Owned by the exchange. */
+  readonly candidates: Int32Array;
+  count = 0;
+  retryable = false;
+  /** Whether a hedge may fire (retryable requests only). */
+  hedgeEnabled = false;
+  /** Opaque per-request state for the driver (the client response, the request body ...). */
+  context: unknown = null;
+
+  /** Candidates launched so far; `candidates[0 .. launched)` were attempted, in order. */
+  launched = 0;
+  hedged = false;
+  done = false;
+  /** Ordinal (position in candidates) of the attempt that answered, or -1. */
+  winner = -1;
+  status = 0;
+  headers: unknown = null;
+  body: Buffer | null = null;
+  failure: ExchangeFailure | null = null;
+  /** Duration of the winning attempt, milliseconds. */
+  latencyMs = 0;
+  lastError: unknown = null;
+
+  private inflight = 0;
+  /** Per ordinal: the running attempt's handle, or null once it finished (or before it began). */
+  private readonly handles: (AttemptHandle | null)[];
+  /** Per ordinal: RUNNING while the transport may still report. */
+  private readonly running: Uint8Array;
+  private hedgeTimer: NodeJS.Timeout | null = null;
+
+  constructor(driver: ExchangeDriver, capacity: number) {
+    this.driver = driver;
+    const size = Math.min(Math.max(capacity, 1), MAX_CANDIDATES);
+    this.candidates = new Int32Array(size);
+    this.handles = new Array<AttemptHandle | null>(size).fill(null);
+    this.running = new Uint8Array(size);
+  }
+
+  /** Node index of the attempt that answered, or -1. */
+  get servedBy(): number {
+    return this.winner < 0 ? -1 : this.candidates[this.winner]!;
+  }
+
+  /**
+   * Starts the exchange over `candidates[0 .. count)`. With no candidate it settles at once with
+   * `NO_HEALTHY_NODE` (503).
+   */
+  begin(): void {
+    if (this.count === 0) {
+      this.fail(ErrorCodes.NO_HEALTHY_NODE, 503, 'no healthy node');
+      return;
+    }
+    this.launch();
+    this.armHedge();
+  }
+
+  /** Abort every attempt and settle nothing: the client went away. */
+  cancel(): void {
+    if (this.done) return;
+    this.done = true;
+    this.clearHedge();
+    this.abortAll(-1);
+  }
+
+  /** The transport reports a complete response for the attempt at `ordinal`. */
+  answered(ordinal: number, status: number, headers: unknown, body: Buffer, latencyMs: number): void {
+    if (!this.finish(ordinal)) return;
+    if (this.done) return;
+    if (this.retryable && isGatewayFailure(status)) {
+      this.lastError = status;
+      this.next();
+      return;
+    }
+    this.done = true;
+    this.clearHedge();
+    this.abortAll(ordinal);
+    this.winner = ordinal;
+    this.status = status;
+    this.headers = headers;
+    this.body = body;
+    this.latencyMs = latencyMs;
+    if (this.hedged && ordinal > 0) this.driver.counters.hedgeWin();
+    this.driver.settle(this);
+  }
+
+  /** The transport reports that the attempt at `ordinal` failed (error or timeout). */
+  failed(ordinal: number, error: unknown): void {
+    if (!this.finish(ordinal)) return;
+    if (this.done) return;
+    this.lastError = error;
+    this.next();
+  }
+
+  private next(): void {
+    if (this.retryable && this.launched < this.count) {
+      this.driver.counters.failover();
+      this.launch();
+      // The hedge clock belongs to the attempt now leading; restart it for the new one.
+      if (!this.hedged) {
+        this.clearHedge();
+        this.armHedge();
+      }
+      return;
+    }
+    if (this.inflight > 0) return; // a hedge is still running: it may yet answer
+    if (this.retryable) {
+      this.fail(ErrorCodes.ALL_CANDIDATES_FAILED, 502, 'every candidate node failed');
+    } else {
+      this.fail(
+        ErrorCodes.OUTCOME_UNKNOWN,
+        502,
+        'the single attempt failed; the request may or may not have been applied',
+      );
+    }
+  }
+
+  /** Marks the attempt at `ordinal` finished; false if it already was (a second report). */
+  private finish(ordinal: number): boolean {
+    if (this.running[ordinal] !== 1) return false;
+    this.running[ordinal] = 0;
+    this.handles[ordinal] = null;
+    this.inflight--;
+    return true;
+  }
+
+  private launch(): void {
+    const ordinal = this.launched++;
+    this.inflight++;
+    this.running[ordinal] = 1;
+    const handle = this.driver.startAttempt(this, this.candidates[ordinal]!, ordinal);
+    // A transport may report synchronously (dispatch on a closed pool): keep no stale handle.
+    if (this.running[ordinal] === 1) this.handles[ordinal] = handle;
+  }
+
+  private armHedge(): void {
+    if (!this.hedgeEnabled || this.hedged || this.done || this.launched >= this.count) return;
+    const delay = this.driver.hedgeDelayMs(this, this.candidates[this.launched - 1]!);
+    this.hedgeTimer = setTimeout(fireHedge, delay, this);
+  }
+
+  /** @internal timer callback */
+  fireHedge(): void {
+    this.hedgeTimer = null;
+    if (this.done || this.hedged || this.launched >= this.count) return;
+    this.hedged = true;
+    this.driver.counters.hedge();
+    this.launch();
+  }
+
+  private clearHedge(): void {
+    if (this.hedgeTimer !== null) {
+      clearTimeout(this.hedgeTimer);
+      this.hedgeTimer = null;
+    }
+  }
+
+  private abortAll(except: number): void {
+    for (let i = 0; i < this.launched; i++) {
+      if (i === except || this.running[i] !== 1) continue;
+      const handle = this.handles[i];
+      this.finish(i);
+      handle?.abort();
+    }
+  }
+
+  private fail(code: string, status: number, message: string): void {
+    this.done = true;
+    this.clearHedge();
+    this.failure = { code, status, message };
+    this.status = status;
+    this.driver.settle(this);
+  }
+}
+
+function fireHedge(exchange: Exchange): void {
+  exchange.fireHedge();
+}

@@ -1,0 +1,35 @@
+/**
+ * XXH64 from xxhash-wasm, instantiated once per thread (module top-level await).
+ *
+ * The hash inputs are fixed so that any implementation can reproduce a ranking:
+ *
+ *   nodeSeed(node)       = XXH64(utf8(node.id), seed = 0)
+ *   h(node, board)       = XXH64(utf8(boardId), seed = nodeSeed(node))
+ *   u(node, board)       = (floor(h / 2^12) + 0.5) / 2^52          in the open interval (0, 1)
+ *
+ * Seeding the board hash with a per-node seed means the node half is hashed once per membership
+ * change, and a request hashes only its board, once per node, with no string concatenation.
+ */
+import xxhash from 'xxhash-wasm';
+
+const api = await xxhash();
+
+const TWO_POW_52 = 2 ** 52;
+
+/** XXH64 of the UTF-8 bytes of `text` with `seed`. */
+export function xxh64(text: string, seed: bigint = 0n): bigint {
+  return api.h64(text, seed);
+}
+
+/** The per-node seed: XXH64(utf8(nodeId), 0). Compute once per membership change. */
+export function nodeSeed(nodeId: string): bigint {
+  return api.h64(nodeId, 0n);
+}
+
+/**
+ * `u` in the open interval (0, 1) for a node (given by its seed) and a board: the top 52 bits of
+ * the 64-bit hash, centred in their bucket, so it is never 0 or 1 and `ln(u)` is finite and < 0.
+ */
+export function unitHash(seed: bigint, boardId: string): number {
+  return (Number(api.h64(boardId, seed) >> 12n) + 0.5) / TWO_POW_52;
+}

@@ -1,0 +1,206 @@
+/**
+ * Membership and health: which configured nodes are routable, and with what weight.
+ *
+ * Runs on the control plane (the main thread). It polls `GET <url>/health` on every member each
+ * `intervalMs` with a `timeoutMs` deadline; a member that fails to answer 2xx is unhealthy and
+ * carries weight 0 (out of every ranking, nobody else renumbered) until a later probe succeeds.
+ * Capacity is kept apart from health: a slow node is de-preferred by a lower weight, not removed.
+ */
+import { EventEmitter } from 'node:events';
+import { ConfigError } from '../errors.js';
+import { quantiseWeight, type NodeInfo } from '../hashing/rendezvous.js';
+
+export interface MemberConfig {
+  readonly id: string;
+  readonly url: string;
+}
+
+export interface MembershipOptions {
+  readonly members: readonly MemberConfig[];
+  /** Poll interval, milliseconds. Default 1000. */
+  readonly intervalMs?: number;
+  /** Per-probe deadline, milliseconds. Default 500. */
+  readonly timeoutMs?: number;
+  /** Path probed on every member. Default `/health`. */
+  readonly healthPath?: string;
+  readonly fetch?: typeof globalThis.fetch;
+}
+
+export const DEFAULT_HEALTH_INTERVAL_MS = 1000;
+export const DEFAULT_HEALTH_TIMEOUT_MS = 500;
+
+/**
+ * Checks a member list: non-empty ids, unique ids, absolute http(s) URLs without query or
+ * fragment. Returns the members with URLs normalised (no trailing slash). Throws ConfigError
+ * naming the first bad value.
+ */
+export function validateMembers(members: readonly MemberConfig[], what = 'nodes'): MemberConfig[] {
+  if (!Array.isArray(members) || members.length === 0) throw new ConfigError(`${what}: at least one node is required`);
+  const seen = new Set<string>();
+  return members.map((member) => {
+    const id = member?.id;
+    if (typeof id !== 'string' || id.length === 0 || /[\s,=]/.test(id)) {
+      throw new ConfigError(`${what}: bad node id ${JSON.stringify(id)} (non-empty, no spaces, commas or '=')`);
+    }
+    if (seen.has(id)) throw new ConfigError(`${what}: duplicate node id "${id}"`);
+    seen.add(id);
+    let url: URL;
+    try {
+      url = new URL(member.url);
+    } catch {
+      throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}"`);
+    }
+    if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.search || url.hash || url.username) {
+      throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}" (http(s)://host:port only)`);
+    }
+    return { id, url: url.href.replace(/\/+$/, '') };
+  });
+}
+
+interface MemberState {
+  readonly config: MemberConfig;
+  healthy: boolean;
+  capacity: number;
+}
+
+export class Membership extends EventEmitter {
+  readonly intervalMs: number;
+  readonly timeoutMs: number;
+  private readonly members: MemberConfig[];
+  private readonly states: Map<string, MemberState>;
+  private readonly fetchImpl: typeof globalThis.fetch;
+  private readonly healthPath: string;
+  private timer: NodeJS.Timeout | null = null;
+  private probing: Promise<void> | null = null;
+  private running = false;
+
+  constructor(options: MembershipOptions) {
+    super();
+    this.members = validateMembers(options.members);
+    this.intervalMs = positive(options.intervalMs, DEFAULT_HEALTH_INTERVAL_MS, 'intervalMs');
+    this.timeoutMs = positive(options.timeoutMs, DEFAULT_HEALTH_TIMEOUT_MS, 'timeoutMs');
+    this.healthPath = options.healthPath ?? '/health';
+    this.fetchImpl = options.fetch ?? globalThis.fetch;
+    // Members start healthy: a front door that has not probed yet should try, and failover
+    // covers a node that turns out to be down.
+    this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: 1 }]));
+  }
+
+  /** Every configured member with its current weight (0 when unhealthy). */
+  nodes(): NodeInfo[] {
+    return this.members.map((config) => {
+      const state = this.states.get(config.id)!;
+      return { id: config.id, url: config.url, weight: state.healthy ? quantiseWeight(state.capacity) : 0 };
+    });
+  }
+
+  /** Every configured member, healthy or not. */
+  all(): readonly MemberConfig[] {
+    return this.members;
+  }
+
+  /** Ids currently marked healthy, in configuration order. */
+  healthyIds(): string[] {
+    return this.members.filter((m) => this.states.get(m.id)!.healthy).map((m) => m.id);
+  }
+
+  isHealthy(id: string): boolean {
+    return this.states.get(id)?.healthy ?? false;
+  }
+
+  /** Hits `GET /health` on every member once, in parallel, each with `timeoutMs`. */
+  probeOnce(): Promise<void> {
+    // Overlapping rounds would race each other's verdicts: join the one under way.
+    if (this.probing) return this.probing;
+    this.probing = Promise.all(this.members.map((m) => this.probe(m))).then(
+      (verdicts) => {
+        this.probing = null;
+        let changed = false;
+        verdicts.forEach((healthy, i) => {
+          const state = this.states.get(this.members[i]!.id)!;
+          if (state.healthy !== healthy) {
+            state.healthy = healthy;
+            changed = true;
+          }
+        });
+        if (changed) this.emit('change');
+      },
+      (err) => {
+        this.probing = null;
+        throw err;
+      },
+    );
+    return this.probing;
+  }
+
+  /** Starts the `intervalMs` poll loop (idempotent). */
+  start(): void {
+    if (this.running) return;
+    this.running = true;
+    this.schedule();
+  }
+
+  /** Stops the poll loop (idempotent). */
+  stop(): void {
+    this.running = false;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+  }
+
+  /** Feeds a capacity signal in; quantised at `nodes()` time. */
+  setCapacity(id: string, capacity: number): void {
+    const state = this.stateOf(id);
+    if (!Number.isFinite(capacity)) throw new RangeError(`capacity for "${id}" must be a finite number`);
+    const before = quantiseWeight(state.capacity);
+    state.capacity = capacity;
+    if (quantiseWeight(capacity) !== before && state.healthy) this.emit('change');
+  }
+
+  /** Marks a member unhealthy now, outside the poll cadence; the next good probe restores it. */
+  markUnhealthy(id: string): void {
+    const state = this.stateOf(id);
+    if (!state.healthy) return;
+    state.healthy = false;
+    this.emit('change');
+  }
+
+  private stateOf(id: string): MemberState {
+    const state = this.states.get(id);
+    if (!state) throw new RangeError(`unknown member "${id}"`);
+    return state;
+  }
+
+  private schedule(): void {
+    if (!this.running) return;
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      this.probeOnce().then(
+        () => this.schedule(),
+        (err) => {
+          this.emit('error', err);
+          this.schedule();
+        },
+      );
+    }, this.intervalMs);
+    this.timer.unref();
+  }
+
+  private async probe(member: MemberConfig): Promise<boolean> {
+    try {
+      const res = await this.fetchImpl(member.url + this.healthPath, {
+        signal: AbortSignal.timeout(this.timeoutMs),
+      });
+      // Drain the body so the connection goes back to the pool.
+      await res.arrayBuffer();
+      return res.status >= 200 && res.status < 300;
+    } catch {
+      return false;
+    }
+  }
+}
+
+function positive(value: number | undefined, fallback: number, name: string): number {
+  if (value === undefined) return fallback;
+  if (!Number.isFinite(value) || value <= 0) throw new ConfigError(`${name}: must be a positive number, got ${value}`);
+  return value;
+}

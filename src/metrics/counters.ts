@@ -1,0 +1,112 @@
+/**
+ * Request counters in shared memory, so `/stats` from any worker reports the whole process.
+ *
+ * One slot per thread (slot 0: the main thread's in-process `Router`; slot w: worker w), each
+ * bumped only by its own thread with Atomics.add and summed by readers. Separate slots keep the
+ * workers off each other's cache lines; Atomics keep every read well defined. BigInt64 lanes do
+ * not wrap in any realistic uptime (Atomics.add on them measured ~10-13 ns here, the same as on
+ * Int32).
+ *
+ * ```
+ *  BigInt64 index within a slot (slot base = slot * stride)
+ *  0              requests       proxied requests that reached routing
+ *  1              hedges         hedge attempts fired
+ *  2              hedgeWins      requests answered by the hedge rather than the primary
+ *  3              failovers      attempts started because an earlier one failed
+ *  4              rejected       requests answered 4xx/503 by the front door itself
+ *  5 .. 7         reserved
+ *  8 + 4n + 0     node n: attempts started
+ *  8 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
+ *  8 + 4n + 2     node n: attempts in flight (up on start, down on end)
+ *  8 + 4n + 3     node n: attempts that won (answered the client)
+ * ```
+ */
+
+export const C_REQUESTS = 0;
+export const C_HEDGES = 1;
+export const C_HEDGE_WINS = 2;
+export const C_FAILOVERS = 3;
+export const C_REJECTED = 4;
+const SLOT_HEADER = 8;
+const PER_NODE = 4;
+export const N_ATTEMPTS = 0;
+export const N_FAILURES = 1;
+export const N_INFLIGHT = 2;
+export const N_WINS = 3;
+
+export function counterStride(nodeCount: number): number {
+  // Round up to 8 lanes (64 bytes) so every slot starts on its own cache line.
+  return Math.ceil((SLOT_HEADER + PER_NODE * nodeCount) / 8) * 8;
+}
+
+export function counterBytes(slots: number, nodeCount: number): number {
+  return slots * counterStride(nodeCount) * 8;
+}
+
+/** The totals of every slot. */
+export interface CounterTotals {
+  requests: number;
+  hedges: number;
+  hedgeWins: number;
+  failovers: number;
+  rejected: number;
+  nodes: { attempts: number; failures: number; inflight: number; wins: number }[];
+}
+
+/** A thread's own slot: the only place that thread writes. */
+export class CounterSlot {
+  private readonly lanes: BigInt64Array;
+  private readonly base: number;
+
+  constructor(buffer: SharedArrayBuffer, slot: number, nodeCount: number) {
+    this.lanes = new BigInt64Array(buffer);
+    this.base = slot * counterStride(nodeCount);
+    if (this.base + counterStride(nodeCount) > this.lanes.length) throw new RangeError(`counter slot ${slot} out of range`);
+  }
+
+  bump(field: number): void {
+    Atomics.add(this.lanes, this.base + field, 1n);
+  }
+
+  bumpNode(node: number, field: number): void {
+    Atomics.add(this.lanes, this.base + SLOT_HEADER + PER_NODE * node + field, 1n);
+  }
+
+  dropNode(node: number, field: number): void {
+    Atomics.sub(this.lanes, this.base + SLOT_HEADER + PER_NODE * node + field, 1n);
+  }
+
+  /** Zero the in-flight lanes: used when a replacement takes over a dead worker's slot. */
+  resetInflight(nodeCount: number): void {
+    for (let n = 0; n < nodeCount; n++) Atomics.store(this.lanes, this.base + SLOT_HEADER + PER_NODE * n + N_INFLIGHT, 0n);
+  }
+}
+
+/** Sums every slot. */
+export function readTotals(buffer: SharedArrayBuffer, slots: number, nodeCount: number): CounterTotals {
+  const lanes = new BigInt64Array(buffer);
+  const stride = counterStride(nodeCount);
+  const sum = (offset: number): number => {
+    let total = 0n;
+    for (let s = 0; s < slots; s++) total += Atomics.load(lanes, s * stride + offset);
+    return Number(total);
+  };
+  const nodes = [];
+  for (let n = 0; n < nodeCount; n++) {
+    const base = SLOT_HEADER + PER_NODE * n;
+    nodes.push({
+      attempts: sum(base + N_ATTEMPTS),
+      failures: sum(base + N_FAILURES),
+      inflight: sum(base + N_INFLIGHT),
+      wins: sum(base + N_WINS),
+    });
+  }
+  return {
+    requests: sum(C_REQUESTS),
+    hedges: sum(C_HEDGES),
+    hedgeWins: sum(C_HEDGE_WINS),
+    failovers: sum(C_FAILOVERS),
+    rejected: sum(C_REJECTED),
+    nodes,
+  };
+}

@@ -1,0 +1,81 @@
+/**
+ * `lakefront/router`: deterministic cache-affinity routing, hedging and failover across a fixed
+ * set of server nodes (seed 001).
+ */
+import { ConfigError } from '../errors.js';
+import type { MemberConfig, Membership } from '../membership/membership.js';
+import { validateMembers } from '../membership/membership.js';
+import { DEFAULT_CLUSTER, DEFAULT_HEALTH_INTERVAL_MS, DEFAULT_HEALTH_TIMEOUT_MS, DEFAULT_HOST, RPC_ROUTE, defaultSettings, defaultThreads } from '../server/settings.js';
+import { FrontDoor } from '../server/supervisor.js';
+import type { Router } from './router.js';
+
+export { Router, type RouterOptions, type ForwardResult, type RouterCounters } from './router.js';
+export { Membership, type MemberConfig, type MembershipOptions } from '../membership/membership.js';
+export { LatencyWindow } from '../forward/latency.js';
+export { rank, score, quantiseWeight, WEIGHT_LEVELS, type NodeInfo } from '../hashing/rendezvous.js';
+export { isIdempotentPath, isRetryable, IDEMPOTENT_HEADER, IDEMPOTENT_PROCEDURES } from '../contract.js';
+export { LakefrontError, ConfigError, ErrorCodes } from '../errors.js';
+
+export interface RouteOptions {
+  /** `{ id, url }` per server node. */
+  readonly nodes: readonly MemberConfig[];
+  /** `0` asks the OS for a free port. Default 0. */
+  readonly port?: number;
+  /** Fallback hedge delay before a node has 8+ latency samples of its own. Default 250. */
+  readonly hedgeDelayMs?: number;
+  /** Health-poll interval. Default 1000. */
+  readonly healthIntervalMs?: number;
+  /** Interface to listen on. Default `0.0.0.0`. */
+  readonly host?: string;
+  /** Data-plane worker threads. Default: one per core. */
+  readonly threads?: number;
+  /** An attempt slower than this counts as failed. Default 10,000. */
+  readonly requestTimeoutMs?: number;
+  /** How long `stop()` waits for in-flight requests. Default 10,000. */
+  readonly drainTimeoutMs?: number;
+}
+
+export interface RouterServer {
+  readonly port: number;
+  readonly url: string;
+  readonly router: Router;
+  readonly membership: Membership;
+  /** Stops the health-poll loop, then drains and closes the HTTP server. */
+  stop(): Promise<void>;
+  /** @internal The control plane, for operators' tooling and tests. */
+  readonly frontDoor: FrontDoor;
+}
+
+/**
+ * Starts the front door: probes membership once, starts the health-poll loop, and opens the HTTP
+ * surface on `port`, served by `threads` worker threads.
+ */
+export async function route(options: RouteOptions): Promise<RouterServer> {
+  const members = validateMembers(options.nodes);
+  const port = options.port ?? 0;
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new ConfigError(`port: bad value ${port}`);
+  const threads = options.threads ?? defaultThreads();
+  if (!Number.isInteger(threads) || threads < 1 || threads > 256) throw new ConfigError(`threads: bad value ${threads}`);
+  const door = await FrontDoor.start({
+    host: options.host ?? DEFAULT_HOST,
+    port,
+    threads,
+    clusters: [{ name: DEFAULT_CLUSTER, members }],
+    routes: [RPC_ROUTE],
+    healthIntervalMs: options.healthIntervalMs ?? DEFAULT_HEALTH_INTERVAL_MS,
+    healthTimeoutMs: DEFAULT_HEALTH_TIMEOUT_MS,
+    settings: defaultSettings({
+      ...(options.hedgeDelayMs !== undefined ? { hedgeDelayMs: options.hedgeDelayMs } : {}),
+      ...(options.requestTimeoutMs !== undefined ? { requestTimeoutMs: options.requestTimeoutMs } : {}),
+      ...(options.drainTimeoutMs !== undefined ? { drainTimeoutMs: options.drainTimeoutMs } : {}),
+    }),
+  });
+  return {
+    port: door.port,
+    url: door.url,
+    router: door.router,
+    membership: door.memberships[0]!,
+    stop: () => door.stop(),
+    frontDoor: door,
+  };
+}

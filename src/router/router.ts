@@ -1,0 +1,199 @@
+/**
+ * The in-process router: ranking, hedging and failover for callers that embed routing in their
+ * own HTTP layer. The multi-threaded front door runs the same `Exchange` in its workers over
+ * undici; this class drives it with `fetch`.
+ */
+import { BOARD_HEADER, isIdempotentPath } from '../contract.js';
+import { ErrorCodes } from '../errors.js';
+import { rank, type NodeInfo } from '../hashing/rendezvous.js';
+import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDriver } from '../forward/exchange.js';
+import { LatencyWindow } from '../forward/latency.js';
+import type { Membership } from '../membership/membership.js';
+import { C_FAILOVERS, C_HEDGES, C_HEDGE_WINS, C_REQUESTS, type CounterSlot } from '../metrics/counters.js';
+
+export const DEFAULT_HEDGE_DELAY_MS = 250;
+export const DEFAULT_HEDGE_PERCENTILE = 95;
+export const DEFAULT_REQUEST_TIMEOUT_MS = 10_000;
+
+export interface RouterOptions {
+  readonly membership: Membership;
+  /** Hedge delay before a node has 8 latency samples of its own. Default 250. */
+  readonly hedgeDelayMs?: number;
+  /** Percentile of a node's own window that triggers a hedge. Default 95. */
+  readonly hedgeAfterPercentile?: number;
+  /** An attempt that takes longer counts as failed. Default 10,000. */
+  readonly requestTimeoutMs?: number;
+  readonly fetch?: typeof globalThis.fetch;
+}
+
+export interface ForwardResult {
+  readonly status: number;
+  readonly body: string;
+  /** Id of the node that answered; `""` when none did. */
+  readonly servedBy: string;
+  readonly hedged: boolean;
+  /** Node ids attempted, in the order they were tried. */
+  readonly attempted: readonly string[];
+  /** Duration of the answering attempt (or of the whole exchange when none answered). */
+  readonly latencyMs: number;
+}
+
+export interface RouterCounters {
+  readonly requests: number;
+  readonly hedges: number;
+  readonly hedgeWins: number;
+  readonly failovers: number;
+}
+
+/** @internal How the front door makes `router.counters` report the whole process. */
+export interface SharedCounters {
+  readonly slot: CounterSlot;
+  readonly totals: () => RouterCounters;
+}
+
+interface ForwardContext {
+  readonly nodes: NodeInfo[];
+  readonly path: string;
+  readonly body: string;
+  readonly headers: Record<string, string>;
+  readonly startedAt: number;
+  resolve(result: ForwardResult): void;
+}
+
+export class Router {
+  readonly membership: Membership;
+  readonly latency = new LatencyWindow();
+  readonly hedgeDelayMs: number;
+  readonly hedgeAfterPercentile: number;
+  readonly requestTimeoutMs: number;
+  private readonly fetchImpl: typeof globalThis.fetch;
+  private readonly local = { requests: 0, hedges: 0, hedgeWins: 0, failovers: 0 };
+  private readonly shared: SharedCounters | undefined;
+  private readonly driver: ExchangeDriver;
+
+  constructor(options: RouterOptions, shared?: SharedCounters) {
+    this.membership = options.membership;
+    this.hedgeDelayMs = nonNegative(options.hedgeDelayMs, DEFAULT_HEDGE_DELAY_MS, 'hedgeDelayMs');
+    this.hedgeAfterPercentile = options.hedgeAfterPercentile ?? DEFAULT_HEDGE_PERCENTILE;
+    if (!(this.hedgeAfterPercentile > 0 && this.hedgeAfterPercentile <= 100)) {
+      throw new RangeError(`hedgeAfterPercentile must be in (0, 100], got ${this.hedgeAfterPercentile}`);
+    }
+    this.requestTimeoutMs = nonNegative(options.requestTimeoutMs, DEFAULT_REQUEST_TIMEOUT_MS, 'requestTimeoutMs');
+    this.fetchImpl = options.fetch ?? globalThis.fetch;
+    this.shared = shared;
+    this.driver = this.makeDriver();
+  }
+
+  /** Running totals, mutated as `forward` runs. */
+  get counters(): RouterCounters {
+    return this.shared ? this.shared.totals() : { ...this.local };
+  }
+
+  /** Deterministic node preference for a board, best first (eligible nodes only). */
+  route(boardId: string): NodeInfo[] {
+    return rank(this.membership.nodes(), boardId);
+  }
+
+  /**
+   * Sends `body` to the board's native node, hedging to the runner-up if the first has not
+   * answered by its own p95 (or `hedgeDelayMs` before it has 8 samples). A non-retryable call
+   * gets exactly one attempt on exactly one node.
+   */
+  forward(
+    boardId: string,
+    path: string,
+    body: string,
+    retryable: boolean = isIdempotentPath(path),
+    authorization?: string,
+  ): Promise<ForwardResult> {
+    const nodes = this.route(boardId);
+    const headers: Record<string, string> = { 'content-type': 'application/json', [BOARD_HEADER]: boardId };
+    if (authorization !== undefined) headers.authorization = authorization;
+    this.bump('requests', C_REQUESTS);
+    return new Promise((resolve) => {
+      const exchange = new Exchange(this.driver, nodes.length);
+      exchange.count = Math.min(nodes.length, exchange.candidates.length);
+      for (let i = 0; i < exchange.count; i++) exchange.candidates[i] = i;
+      exchange.retryable = retryable;
+      exchange.hedgeEnabled = retryable;
+      const context: ForwardContext = { nodes, path, body, headers, startedAt: performance.now(), resolve };
+      exchange.context = context;
+      exchange.begin();
+    });
+  }
+
+  private bump(name: keyof Router['local'], field: number): void {
+    if (this.shared) this.shared.slot.bump(field);
+    else this.local[name]++;
+  }
+
+  private makeDriver(): ExchangeDriver {
+    const router = this;
+    const counters: ExchangeCounters = {
+      hedge: () => router.bump('hedges', C_HEDGES),
+      hedgeWin: () => router.bump('hedgeWins', C_HEDGE_WINS),
+      failover: () => router.bump('failovers', C_FAILOVERS),
+    };
+    return {
+      counters,
+      hedgeDelayMs(exchange: Exchange, node: number): number {
+        const id = (exchange.context as ForwardContext).nodes[node]!.id;
+        return router.latency.windowFor(id).triggerMs(router.hedgeAfterPercentile, router.hedgeDelayMs);
+      },
+      startAttempt(exchange: Exchange, node: number, ordinal: number): AttemptHandle {
+        const ctx = exchange.context as ForwardContext;
+        const target = ctx.nodes[node]!;
+        const controller = new AbortController();
+        const timer = setTimeout(() => controller.abort(new Error('request timeout')), router.requestTimeoutMs);
+        const started = performance.now();
+        router
+          .fetchImpl(target.url + ctx.path, { method: 'POST', headers: ctx.headers, body: ctx.body, signal: controller.signal })
+          .then(async (res) => {
+            const buf = Buffer.from(await res.arrayBuffer());
+            clearTimeout(timer);
+            const ms = performance.now() - started;
+            if (res.status < 500) router.latency.record(target.id, ms);
+            exchange.answered(ordinal, res.status, null, buf, ms);
+          })
+          .catch((err: unknown) => {
+            clearTimeout(timer);
+            exchange.failed(ordinal, err);
+          });
+        return { abort: () => controller.abort() };
+      },
+      settle(exchange: Exchange): void {
+        const ctx = exchange.context as ForwardContext;
+        const attempted: string[] = [];
+        for (let i = 0; i < exchange.launched; i++) attempted.push(ctx.nodes[exchange.candidates[i]!]!.id);
+        if (exchange.failure) {
+          ctx.resolve({
+            status: exchange.failure.status,
+            body: JSON.stringify({ error: exchange.failure.message, code: exchange.failure.code, attempted }),
+            servedBy: '',
+            hedged: exchange.hedged,
+            attempted,
+            latencyMs: performance.now() - ctx.startedAt,
+          });
+          return;
+        }
+        ctx.resolve({
+          status: exchange.status,
+          body: exchange.body!.toString('utf8'),
+          servedBy: ctx.nodes[exchange.servedBy]!.id,
+          hedged: exchange.hedged,
+          attempted,
+          latencyMs: exchange.latencyMs,
+        });
+      },
+    };
+  }
+
+}
+
+function nonNegative(value: number | undefined, fallback: number, name: string): number {
+  if (value === undefined) return fallback;
+  if (!Number.isFinite(value) || value < 0) throw new RangeError(`${name} must be a non-negative number, got ${value}`);
+  return value;
+}
+
+export { ErrorCodes };

@@ -1,0 +1,145 @@
+/**
+ * A worker's per-cluster runtime: the cluster's policy, one undici pool per node, per-node latency
+ * windows (the hedge trigger) and the exchange driver that ties them together.
+ */
+import type { Dispatcher, Pool } from 'undici';
+import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDriver } from '../forward/exchange.js';
+import { SampleWindow } from '../forward/latency.js';
+import { DispatchAttempt, createPool, type AttemptObserver } from '../forward/upstream.js';
+import { FLAG_ENABLED, FLAG_HEALTHY, type NodeRow } from '../membership/table.js';
+import { C_FAILOVERS, C_HEDGES, C_HEDGE_WINS, N_ATTEMPTS, N_FAILURES, N_INFLIGHT, N_WINS, type CounterSlot } from '../metrics/counters.js';
+import type { NodeHistograms } from '../metrics/histograms.js';
+import { RendezvousPolicy } from '../policies/rendezvous.js';
+import type { ClusterView, Policy } from '../policies/types.js';
+import type { ClusterSpec, DataPlaneSettings, NodeSpec, PolicyName } from './protocol.js';
+
+/** What an exchange's context must offer the runtime. */
+export interface ProxiedRequest {
+  readonly dispatchOptions: Dispatcher.DispatchOptions;
+  settled(exchange: Exchange, runtime: ClusterRuntime): void;
+}
+
+export function createPolicy(name: PolicyName): Policy {
+  switch (name) {
+    case 'rendezvous':
+      return new RendezvousPolicy();
+  }
+}
+
+/** Minimum gap between two passive "connection refused" reports for one node. */
+const REFUSED_REPORT_GAP_MS = 500;
+
+export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
+  readonly name: string;
+  readonly ids: readonly string[];
+  /** Global node index (membership-table row) per cluster-local index. */
+  readonly globalIndex: Int32Array;
+  readonly windows: SampleWindow[];
+  readonly counters: ExchangeCounters;
+  readonly view: ClusterView;
+  private readonly pools: Pool[];
+  private readonly policies = new Map<PolicyName, Policy>();
+  private readonly lastRefusedAt: Float64Array;
+
+  constructor(
+    spec: ClusterSpec,
+    nodes: readonly NodeSpec[],
+    private readonly settings: DataPlaneSettings,
+    private readonly slot: CounterSlot,
+    private readonly histograms: NodeHistograms,
+    private readonly onRefused: (globalNode: number) => void,
+  ) {
+    this.name = spec.name;
+    this.ids = spec.nodes.map((g) => nodes[g]!.id);
+    this.globalIndex = Int32Array.from(spec.nodes);
+    this.pools = spec.nodes.map((g) =>
+      createPool(nodes[g]!.url, { connections: settings.upstreamConnections, requestTimeoutMs: settings.requestTimeoutMs }),
+    );
+    this.windows = spec.nodes.map(() => new SampleWindow());
+    this.lastRefusedAt = new Float64Array(spec.nodes.length);
+    this.view = {
+      ids: this.ids,
+      weights: new Float64Array(spec.nodes.length),
+      flags: new Int32Array(spec.nodes.length),
+    };
+    const slotRef = slot;
+    this.counters = {
+      hedge: () => slotRef.bump(C_HEDGES),
+      hedgeWin: () => slotRef.bump(C_HEDGE_WINS),
+      failover: () => slotRef.bump(C_FAILOVERS),
+    };
+  }
+
+  get size(): number {
+    return this.ids.length;
+  }
+
+  /** The policy instance for `name`, one per runtime so routes sharing a policy share its state. */
+  policy(name: PolicyName): Policy {
+    let policy = this.policies.get(name);
+    if (!policy) {
+      policy = createPolicy(name);
+      policy.update(this.view);
+      this.policies.set(name, policy);
+    }
+    return policy;
+  }
+
+  /** Re-reads this cluster's rows after a membership change and rebuilds every policy. */
+  update(rows: readonly NodeRow[]): void {
+    const { weights, flags } = this.view;
+    for (let i = 0; i < this.size; i++) {
+      const row = rows[this.globalIndex[i]!]!;
+      const routable = (row.flags & (FLAG_HEALTHY | FLAG_ENABLED)) === (FLAG_HEALTHY | FLAG_ENABLED);
+      weights[i] = routable ? row.weight : 0;
+      flags[i] = row.flags;
+    }
+    for (const policy of this.policies.values()) policy.update(this.view);
+  }
+
+  // --- ExchangeDriver ---
+
+  hedgeDelayMs(_exchange: Exchange, node: number): number {
+    return this.windows[node]!.triggerMs(this.settings.hedgeAfterPercentile, this.settings.hedgeDelayMs);
+  }
+
+  startAttempt(exchange: Exchange, node: number, ordinal: number): AttemptHandle {
+    const g = this.globalIndex[node]!;
+    this.slot.bumpNode(g, N_ATTEMPTS);
+    this.slot.bumpNode(g, N_INFLIGHT);
+    const request = exchange.context as ProxiedRequest;
+    return new DispatchAttempt(exchange, ordinal, node, this).start(this.pools[node]!, request.dispatchOptions);
+  }
+
+  settle(exchange: Exchange): void {
+    if (exchange.winner >= 0) this.slot.bumpNode(this.globalIndex[exchange.servedBy]!, N_WINS);
+    (exchange.context as ProxiedRequest).settled(exchange, this);
+  }
+
+  // --- AttemptObserver ---
+
+  attemptEnded(node: number, ok: boolean, latencyMs: number, error: unknown): void {
+    const g = this.globalIndex[node]!;
+    this.slot.dropNode(g, N_INFLIGHT);
+    if (!ok) {
+      this.slot.bumpNode(g, N_FAILURES);
+      if ((error as { code?: string } | null)?.code === 'ECONNREFUSED') {
+        const now = performance.now();
+        if (now - this.lastRefusedAt[node]! >= REFUSED_REPORT_GAP_MS) {
+          this.lastRefusedAt[node] = now;
+          this.onRefused(g);
+        }
+      }
+      return;
+    }
+    if (latencyMs >= 0) {
+      this.windows[node]!.record(latencyMs);
+      this.histograms.record(g, latencyMs * 1000);
+    }
+  }
+
+  /** Closes every pool: waits for running requests (close), or not at all (destroy). */
+  async close(graceful: boolean): Promise<void> {
+    await Promise.all(this.pools.map((p) => (graceful ? p.close() : p.destroy()).catch(() => undefined)));
+  }
+}

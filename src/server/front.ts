@@ -1,0 +1,457 @@
+/**
+ * The data plane of one worker thread: a uWebSockets.js App on the shared port, the read-only
+ * view of the membership table, and the proxy handler.
+ *
+ * uWS rules kept here: `onAborted` is registered before anything asynchronous; `req` is read only
+ * inside the handler; `onData` chunks are copied before the callback returns; every response
+ * written after the handler returned is written inside `res.cork`.
+ */
+import { STATUS_CODES } from 'node:http';
+import type { Dispatcher } from 'undici';
+import type { HttpRequest, HttpResponse, TemplatedApp, us_listen_socket } from 'uWebSockets.js';
+import {
+  DROPPED_REQUEST_HEADERS,
+  HEDGED_HEADER,
+  IDEMPOTENT_HEADER,
+  SERVED_BY_HEADER,
+  isIdempotentPath,
+  isSafeMethod,
+} from '../contract.js';
+import { ErrorCodes } from '../errors.js';
+import { Exchange } from '../forward/exchange.js';
+import { TableReader, type NodeRow } from '../membership/table.js';
+import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
+import { NodeHistograms } from '../metrics/histograms.js';
+import type { Policy } from '../policies/types.js';
+import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
+import { OP_READ, OP_WRITE, type RouteSpec, type WorkerInit } from './protocol.js';
+import { loadUws, type Uws } from './uws.js';
+
+const MAX_KEY_LENGTH = 1024;
+
+const STATUS_LINES: string[] = [];
+for (const [code, text] of Object.entries(STATUS_CODES)) STATUS_LINES[Number(code)] = `${code} ${text}`;
+function statusLine(status: number): string {
+  return STATUS_LINES[status] ?? String(status);
+}
+
+const JSON_TYPE = 'application/json';
+
+/** Sends a small JSON answer; safe to call inside or outside the handler. */
+function replyJson(res: HttpResponse, status: number, body: string, close = false): void {
+  res.cork(() => {
+    res.writeStatus(statusLine(status)).writeHeader('content-type', JSON_TYPE).end(body, close);
+  });
+}
+
+function errorBody(message: string, code: string, extra?: Record<string, unknown>): string {
+  return JSON.stringify({ error: message, code, ...extra });
+}
+
+/** Case-insensitive compare of a raw header name against a lower-case ASCII name. */
+function nameIs(name: Buffer, lower: string): boolean {
+  if (name.length !== lower.length) return false;
+  for (let i = 0; i < name.length; i++) {
+    const c = name[i]!;
+    if ((c >= 65 && c <= 90 ? c | 0x20 : c) !== lower.charCodeAt(i)) return false;
+  }
+  return true;
+}
+
+/**
+ * Response headers the front door does not relay: hop-by-hop ones, and those uWS writes itself
+ * (`date`, `content-length`), which would otherwise be duplicated.
+ */
+function isDroppedResponseHeader(name: Buffer): boolean {
+  switch (name.length) {
+    case 2:
+      return nameIs(name, 'te');
+    case 4:
+      return nameIs(name, 'date');
+    case 7:
+      return nameIs(name, 'upgrade') || nameIs(name, 'trailer');
+    case 10:
+      return nameIs(name, 'connection') || nameIs(name, 'keep-alive');
+    case 14:
+      return nameIs(name, 'content-length');
+    case 16:
+      return nameIs(name, 'proxy-connection');
+    case 17:
+      return nameIs(name, 'transfer-encoding');
+    case 18:
+      return nameIs(name, 'x-lakefront-hedged');
+    case 21:
+      return nameIs(name, 'x-lakefront-served-by');
+    default:
+      return false;
+  }
+}
+
+interface BoundRoute {
+  readonly spec: RouteSpec;
+  readonly runtime: ClusterRuntime;
+  readonly policy: Policy;
+}
+
+/** One proxied request: its client response, what to send upstream, and the exchange. */
+class ProxyRequest implements ProxiedRequest {
+  aborted = false;
+  answered = false;
+  exchange: Exchange | null = null;
+  readonly dispatchOptions: Dispatcher.DispatchOptions;
+  private body: Buffer | null = null;
+  private chunks: Buffer[] | null = null;
+  private received = 0;
+
+  constructor(
+    private readonly front: WorkerFront,
+    private readonly res: HttpResponse,
+    private readonly route: BoundRoute,
+    private readonly key: string,
+    private readonly method: string,
+    path: string,
+    headers: string[],
+    private readonly retryable: boolean,
+    /** Declared content-length, or -1 when the body is chunked. */
+    private readonly expected: number,
+  ) {
+    this.dispatchOptions = {
+      path,
+      method: method as Dispatcher.HttpMethod,
+      headers,
+      body: null,
+      // Only safe methods may be retried inside undici's pipeline; our own failover is explicit.
+      idempotent: isSafeMethod(method),
+    };
+  }
+
+  onAborted(): void {
+    this.aborted = true;
+    this.exchange?.cancel();
+    this.finish();
+  }
+
+  /** Copies one body chunk (uWS detaches the buffer after the callback returns). */
+  onChunk(chunk: ArrayBuffer, isLast: boolean): void {
+    if (this.answered) return;
+    const size = chunk.byteLength;
+    if (this.received + size > this.front.maxBodyBytes || (this.expected >= 0 && this.received + size > this.expected)) {
+      this.reject(413, errorBody(`request body exceeds ${this.front.maxBodyBytes} bytes`, ErrorCodes.BODY_TOO_LARGE), true);
+      return;
+    }
+    if (size > 0) {
+      const view = new Uint8Array(chunk);
+      if (this.expected >= 0) {
+        if (this.body === null) this.body = Buffer.allocUnsafe(this.expected);
+        this.body.set(view, this.received);
+      } else {
+        (this.chunks ??= []).push(Buffer.copyBytesFrom(view));
+      }
+      this.received += size;
+    }
+    if (!isLast) return;
+    if (this.expected >= 0 && this.received !== this.expected) {
+      this.reject(400, errorBody('request body shorter than its content-length', ErrorCodes.BAD_REQUEST), true);
+      return;
+    }
+    if (this.chunks !== null) this.body = Buffer.concat(this.chunks);
+    this.start();
+  }
+
+  start(): void {
+    if (this.answered) return;
+    this.dispatchOptions.body = this.body;
+    const runtime = this.route.runtime;
+    const exchange = new Exchange(runtime, runtime.size);
+    exchange.context = this;
+    exchange.retryable = this.retryable;
+    exchange.hedgeEnabled = this.retryable;
+    const op = this.retryable ? OP_READ : OP_WRITE;
+    exchange.count = this.route.policy.pick(this.key, op, exchange.candidates);
+    this.exchange = exchange;
+    exchange.begin();
+  }
+
+  settled(exchange: Exchange, runtime: ClusterRuntime): void {
+    if (this.aborted || this.answered) return;
+    this.answered = true;
+    const res = this.res;
+    const close = this.front.draining;
+    const failure = exchange.failure;
+    res.cork(() => {
+      if (failure !== null) {
+        const attempted: string[] = [];
+        for (let i = 0; i < exchange.launched; i++) attempted.push(runtime.ids[exchange.candidates[i]!]!);
+        res
+          .writeStatus(statusLine(failure.status))
+          .writeHeader('content-type', JSON_TYPE)
+          .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0')
+          .end(errorBody(failure.message, failure.code, { attempted }), close);
+        return;
+      }
+      res.writeStatus(statusLine(exchange.status));
+      const raw = exchange.headers as Buffer[] | null;
+      if (raw !== null) {
+        for (let i = 0; i + 1 < raw.length; i += 2) {
+          const name = raw[i]!;
+          if (!isDroppedResponseHeader(name)) res.writeHeader(name, raw[i + 1]!);
+        }
+      }
+      res.writeHeader(SERVED_BY_HEADER, runtime.ids[exchange.servedBy]!);
+      res.writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0');
+      if (this.method === 'HEAD') res.endWithoutBody(undefined, close);
+      else res.end(exchange.body!, close);
+    });
+    this.finish();
+  }
+
+  private reject(status: number, body: string, close: boolean): void {
+    this.answered = true;
+    this.front.slot.bump(C_REJECTED);
+    replyJson(this.res, status, body, close);
+    this.finish();
+  }
+
+  private finished = false;
+
+  private finish(): void {
+    if (this.finished) return;
+    this.finished = true;
+    this.front.requestFinished();
+  }
+}
+
+export interface FrontHooks {
+  /** Ask the control plane for `/stats`; it answers through `statsReply`. */
+  requestStats(id: number): void;
+  nodeRefused(globalNode: number): void;
+}
+
+export class WorkerFront {
+  readonly slot: CounterSlot;
+  readonly maxBodyBytes: number;
+  draining = false;
+  private readonly uws: Uws;
+  private readonly app: TemplatedApp;
+  private listenSocket: us_listen_socket | null = null;
+  private readonly table: TableReader;
+  private readonly rows: NodeRow[];
+  private generation = -1;
+  private readonly runtimes: ClusterRuntime[];
+  private readonly routes: BoundRoute[];
+  private readonly histograms: NodeHistograms;
+  private readonly pendingStats = new Map<number, HttpResponse>();
+  /** Proxied requests not yet answered or aborted. */
+  private active = 0;
+  private nextStatsId = 1;
+  private drainWaiter: (() => void) | null = null;
+  private readonly rankScratch: Int32Array;
+
+  constructor(
+    private readonly init: WorkerInit,
+    private readonly hooks: FrontHooks,
+  ) {
+    this.uws = loadUws();
+    this.maxBodyBytes = init.settings.maxBodyBytes;
+    this.slot = new CounterSlot(init.counters, init.slot, init.nodes.length);
+    this.table = new TableReader(init.table);
+    this.rows = init.nodes.map(() => ({ weight: 0, flags: 0, region: -1, cluster: 0, ewmaUs: 0 }));
+    this.histograms = new NodeHistograms(init.nodes.length);
+    this.runtimes = init.clusters.map(
+      (spec) => new ClusterRuntime(spec, init.nodes, init.settings, this.slot, this.histograms, (g) => hooks.nodeRefused(g)),
+    );
+    this.routes = init.routes.map((spec) => {
+      const runtime = this.runtimes[spec.cluster]!;
+      return { spec, runtime, policy: runtime.policy(spec.policy) };
+    });
+    this.rankScratch = new Int32Array(Math.max(1, ...this.runtimes.map((r) => r.size)));
+    this.refresh();
+    this.app = this.uws.App();
+    this.mount();
+  }
+
+  /** Listens on the configured port; resolves with the bound port, rejects if it could not. */
+  listen(): Promise<number> {
+    return new Promise((resolve, reject) => {
+      this.app.listen(this.init.host, this.init.port, (socket) => {
+        if (!socket) {
+          reject(new Error(`could not listen on ${this.init.host}:${this.init.port}`));
+          return;
+        }
+        this.listenSocket = socket;
+        resolve(this.uws.us_socket_local_port(socket));
+      });
+    });
+  }
+
+  /** Encoded per-node latency histograms, for the control plane's merge. */
+  encodeHistograms(): (string | null)[] {
+    return this.histograms.encode();
+  }
+
+  statsReply(id: number, body: string): void {
+    const res = this.pendingStats.get(id);
+    if (!res) return;
+    this.pendingStats.delete(id);
+    replyJson(res, 200, body);
+  }
+
+  requestFinished(): void {
+    this.active--;
+    if (this.drainWaiter !== null && this.active === 0) this.drainWaiter();
+  }
+
+  /**
+   * Stops accepting, lets in-flight requests finish (up to `drainTimeoutMs`), then closes every
+   * connection and pool. Returns how many requests were still running at the deadline.
+   */
+  async drain(): Promise<number> {
+    this.draining = true;
+    this.closeListenSocket();
+    if (this.active > 0) {
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, this.init.settings.drainTimeoutMs);
+        this.drainWaiter = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+    }
+    const abandoned = this.active;
+    // Closing the app aborts every connection; each abandoned request's onAborted cancels its
+    // upstream attempts.
+    this.closeApp();
+    await Promise.all(this.runtimes.map((r) => r.close(false)));
+    this.histograms.destroy();
+    return abandoned;
+  }
+
+  /**
+   * Synchronous last resort before the thread dies: a worker that exits holding uWS sockets
+   * aborts the whole process, so close them first.
+   */
+  emergencyClose(): void {
+    this.closeListenSocket();
+    this.closeApp();
+  }
+
+  private closeListenSocket(): void {
+    if (this.listenSocket !== null) {
+      this.uws.us_listen_socket_close(this.listenSocket);
+      this.listenSocket = null;
+    }
+  }
+
+  private closeApp(): void {
+    // Present in the native build, missing from its type definitions.
+    (this.app as unknown as { close?: () => void }).close?.();
+  }
+
+  /** Re-reads the membership table when its generation moved: once per change, not per request. */
+  private refresh(): void {
+    const generation = this.table.generation();
+    if (generation === this.generation) return;
+    this.generation = this.table.read(this.rows);
+    for (const runtime of this.runtimes) runtime.update(this.rows);
+  }
+
+  private mount(): void {
+    const app = this.app;
+    app.get('/health', (res) => this.health(res));
+    app.get('/route', (res, req) => this.routeInfo(res, req));
+    app.get('/stats', (res) => this.stats(res));
+    for (const route of this.routes) app.any(route.spec.pattern, (res, req) => this.proxy(route, res, req));
+    app.any('/*', (res) => {
+      this.slot.bump(C_REJECTED);
+      replyJson(res, 404, JSON.stringify({ error: 'not found' }), this.draining);
+    });
+  }
+
+  private healthyIds(runtime: ClusterRuntime): string[] {
+    const out: string[] = [];
+    for (let i = 0; i < runtime.size; i++) if (runtime.view.weights[i]! > 0) out.push(runtime.ids[i]!);
+    return out;
+  }
+
+  private health(res: HttpResponse): void {
+    this.refresh();
+    const healthy: string[] = [];
+    for (const runtime of this.runtimes) healthy.push(...this.healthyIds(runtime));
+    replyJson(res, 200, JSON.stringify({ ok: true, healthy }), this.draining);
+  }
+
+  private routeInfo(res: HttpResponse, req: HttpRequest): void {
+    this.refresh();
+    const board = req.getQuery('board');
+    const clusterName = req.getQuery('cluster');
+    if (!board) {
+      replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST));
+      return;
+    }
+    const route = clusterName ? this.routes.find((r) => r.runtime.name === clusterName) : this.routes[0];
+    if (!route) {
+      replyJson(res, 404, errorBody(`unknown cluster "${clusterName}"`, ErrorCodes.NOT_FOUND));
+      return;
+    }
+    const n = route.policy.pick(board, OP_READ, this.rankScratch);
+    const ranking = [];
+    for (let i = 0; i < n; i++) {
+      const node = this.rankScratch[i]!;
+      ranking.push({ id: route.runtime.ids[node]!, weight: route.runtime.view.weights[node]! });
+    }
+    replyJson(res, 200, JSON.stringify({ board, ranking, healthy: this.healthyIds(route.runtime) }), this.draining);
+  }
+
+  private stats(res: HttpResponse): void {
+    const id = this.nextStatsId++;
+    this.pendingStats.set(id, res);
+    res.onAborted(() => this.pendingStats.delete(id));
+    this.hooks.requestStats(id);
+  }
+
+  private proxy(route: BoundRoute, res: HttpResponse, req: HttpRequest): void {
+    this.refresh();
+    const key = req.getHeader(route.spec.keyHeader);
+    if (key === '') {
+      this.slot.bump(C_REJECTED);
+      replyJson(res, 401, errorBody(`missing ${route.spec.keyHeader} header`, ErrorCodes.MISSING_BOARD), this.draining);
+      return;
+    }
+    if (key.length > MAX_KEY_LENGTH) {
+      this.slot.bump(C_REJECTED);
+      replyJson(res, 400, errorBody(`${route.spec.keyHeader} longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining);
+      return;
+    }
+    const method = req.getCaseSensitiveMethod();
+    const url = req.getUrl();
+    const query = req.getQuery();
+    const path = query ? `${url}?${query}` : url;
+    const headers: string[] = [];
+    req.forEach((name, value) => {
+      if (!DROPPED_REQUEST_HEADERS.has(name)) headers.push(name, value);
+    });
+    const retryable = isSafeMethod(method) || isIdempotentPath(url) || req.getHeader(IDEMPOTENT_HEADER) === '1';
+    const contentLength = req.getHeader('content-length');
+    const chunked = req.getHeader('transfer-encoding') !== '';
+    let expected = -1;
+    if (!chunked) {
+      expected = contentLength === '' ? 0 : Number(contentLength);
+      if (!Number.isSafeInteger(expected) || expected < 0) {
+        this.slot.bump(C_REJECTED);
+        replyJson(res, 400, errorBody('bad content-length', ErrorCodes.BAD_REQUEST), true);
+        return;
+      }
+      if (expected > this.maxBodyBytes) {
+        this.slot.bump(C_REJECTED);
+        replyJson(res, 413, errorBody(`request body exceeds ${this.maxBodyBytes} bytes`, ErrorCodes.BODY_TOO_LARGE), true);
+        return;
+      }
+    }
+    this.slot.bump(C_REQUESTS);
+    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, expected);
+    this.active++;
+    res.onAborted(() => request.onAborted());
+    if (expected === 0) request.start();
+    else res.onData((chunk, isLast) => request.onChunk(chunk, isLast));
+  }
+}

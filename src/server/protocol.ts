@@ -1,0 +1,75 @@
+/**
+ * The thread protocol, in one place: what a data-plane worker is given at spawn, and every
+ * message that crosses between it and the control plane. Nothing here is sent per proxied
+ * request; per-request state lives in shared memory (membership/table.ts, metrics/counters.ts).
+ */
+
+/** Operation classes a route's classifier assigns. */
+export const OP_READ = 0;
+export const OP_WRITE = 1;
+
+export type PolicyName = 'rendezvous';
+
+export interface RouteSpec {
+  /** uWS pattern, e.g. `/rpc/*`. */
+  readonly pattern: string;
+  /** Index into `WorkerInit.clusters`. */
+  readonly cluster: number;
+  readonly policy: PolicyName;
+  /** Request header carrying the routing key; requests without it get 401. */
+  readonly keyHeader: string;
+}
+
+export interface ClusterSpec {
+  readonly name: string;
+  /** Global node indices (rows of the membership table), in configuration order. */
+  readonly nodes: readonly number[];
+}
+
+export interface NodeSpec {
+  readonly id: string;
+  readonly url: string;
+  readonly cluster: number;
+}
+
+export interface DataPlaneSettings {
+  readonly hedgeDelayMs: number;
+  readonly hedgeAfterPercentile: number;
+  readonly requestTimeoutMs: number;
+  readonly maxBodyBytes: number;
+  /** undici connections per upstream node, per worker. */
+  readonly upstreamConnections: number;
+  /** How long a stopping worker waits for in-flight requests. */
+  readonly drainTimeoutMs: number;
+}
+
+export interface WorkerInit {
+  /** This worker's counter slot (1..threads; slot 0 is the main thread). */
+  readonly slot: number;
+  readonly host: string;
+  readonly port: number;
+  readonly table: SharedArrayBuffer;
+  readonly counters: SharedArrayBuffer;
+  readonly counterSlots: number;
+  readonly nodes: readonly NodeSpec[];
+  readonly clusters: readonly ClusterSpec[];
+  readonly routes: readonly RouteSpec[];
+  readonly settings: DataPlaneSettings;
+}
+
+/** Worker -> main. */
+export type WorkerMessage =
+  | { readonly t: 'listening'; readonly port: number }
+  | { readonly t: 'listen-failed'; readonly reason: string }
+  | { readonly t: 'stats-request'; readonly id: number }
+  | { readonly t: 'histograms'; readonly id: number; readonly encoded: (string | null)[] }
+  | { readonly t: 'node-refused'; readonly node: number }
+  | { readonly t: 'drained'; readonly abandoned: number };
+
+/** Main -> worker. */
+export type MainMessage =
+  | { readonly t: 'stats-reply'; readonly id: number; readonly body: string }
+  | { readonly t: 'collect'; readonly id: number }
+  | { readonly t: 'drain' }
+  /** Fault injection: throw an uncaught exception in the worker (tests, chaos drills). */
+  | { readonly t: 'crash' };

@@ -1,0 +1,33 @@
+/** Defaults shared by the CLI and `route()`; every value here is documented in the README. */
+import { availableParallelism } from 'node:os';
+import { BOARD_HEADER } from '../contract.js';
+import { DEFAULT_HEALTH_INTERVAL_MS, DEFAULT_HEALTH_TIMEOUT_MS } from '../membership/membership.js';
+import { DEFAULT_HEDGE_DELAY_MS, DEFAULT_HEDGE_PERCENTILE, DEFAULT_REQUEST_TIMEOUT_MS } from '../router/router.js';
+import type { DataPlaneSettings } from './protocol.js';
+import type { RouteConfig } from './supervisor.js';
+
+export const DEFAULT_HOST = '0.0.0.0';
+export const DEFAULT_MAX_BODY_BYTES = 1024 * 1024;
+export const DEFAULT_UPSTREAM_CONNECTIONS = 64;
+export const DEFAULT_DRAIN_TIMEOUT_MS = 10_000;
+export const DEFAULT_CLUSTER = 'default';
+
+export function defaultThreads(): number {
+  return availableParallelism();
+}
+
+export function defaultSettings(overrides: Partial<DataPlaneSettings> = {}): DataPlaneSettings {
+  return {
+    hedgeDelayMs: overrides.hedgeDelayMs ?? DEFAULT_HEDGE_DELAY_MS,
+    hedgeAfterPercentile: overrides.hedgeAfterPercentile ?? DEFAULT_HEDGE_PERCENTILE,
+    requestTimeoutMs: overrides.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS,
+    maxBodyBytes: overrides.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
+    upstreamConnections: overrides.upstreamConnections ?? DEFAULT_UPSTREAM_CONNECTIONS,
+    drainTimeoutMs: overrides.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS,
+  };
+}
+
+/** Seed 001's HTTP surface: `/rpc/*` over the default cluster, keyed by the board header. */
+export const RPC_ROUTE: RouteConfig = { pattern: '/rpc/*', cluster: DEFAULT_CLUSTER, policy: 'rendezvous', keyHeader: BOARD_HEADER };
+
+export { DEFAULT_HEALTH_INTERVAL_MS, DEFAULT_HEALTH_TIMEOUT_MS };

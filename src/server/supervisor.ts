@@ -1,0 +1,370 @@
+/**
+ * The control plane: runs on the main thread and never sits on the request path.
+ *
+ * It owns configuration, health polling (one Membership per cluster), the membership table (its
+ * only writer), and the data-plane workers: it spawns them on one port (SO_REUSEPORT), replaces
+ * one that dies while the others keep serving, answers their `/stats` requests by merging every
+ * worker's histograms, and drains them on stop.
+ */
+import { EventEmitter } from 'node:events';
+import { createServer } from 'node:net';
+import { Worker } from 'node:worker_threads';
+import { Membership, type MemberConfig } from '../membership/membership.js';
+import { FLAG_ENABLED, FLAG_HEALTHY, TableWriter, type NodeRow } from '../membership/table.js';
+import { CounterSlot, counterBytes, readTotals } from '../metrics/counters.js';
+import { mergeSummaries } from '../metrics/histograms.js';
+import { Router } from '../router/router.js';
+import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, PolicyName, RouteSpec, WorkerInit, WorkerMessage } from './protocol.js';
+
+export interface ClusterConfig {
+  readonly name: string;
+  readonly members: readonly MemberConfig[];
+  readonly healthPath?: string;
+}
+
+export interface RouteConfig {
+  readonly pattern: string;
+  readonly cluster: string;
+  readonly policy: PolicyName;
+  readonly keyHeader: string;
+}
+
+export interface FrontDoorConfig {
+  readonly host: string;
+  readonly port: number;
+  readonly threads: number;
+  readonly clusters: readonly ClusterConfig[];
+  readonly routes: readonly RouteConfig[];
+  readonly healthIntervalMs: number;
+  readonly healthTimeoutMs: number;
+  readonly settings: DataPlaneSettings;
+  readonly fetch?: typeof globalThis.fetch;
+}
+
+const WORKER_URL = new URL('../../workers/data-plane.js', import.meta.url);
+/** How long the control plane waits for workers' histograms when answering `/stats`. */
+const COLLECT_TIMEOUT_MS = 1_000;
+/** Exit codes from workers/data-plane.ts. */
+const EXIT_CONFIG = 78;
+
+interface WorkerHandle {
+  readonly slot: number;
+  worker: Worker;
+  /** Deaths within the current window, for crash-loop backoff. */
+  deaths: number[];
+}
+
+interface Collection {
+  readonly encoded: (string | null)[][];
+  readonly waiting: Set<number>;
+  readonly done: () => void;
+}
+
+export class FrontDoor extends EventEmitter {
+  readonly host: string;
+  port = 0;
+  readonly threads: number;
+  readonly memberships: Membership[];
+  readonly router: Router;
+  private readonly config: FrontDoorConfig;
+  private readonly nodes: NodeSpec[];
+  private readonly clusters: ClusterSpec[];
+  private readonly routes: RouteSpec[];
+  private readonly table: TableWriter;
+  private readonly counters: SharedArrayBuffer;
+  private readonly counterSlots: number;
+  private readonly workers = new Map<number, WorkerHandle>();
+  private readonly collections = new Map<number, Collection>();
+  private nextCollectionId = 1;
+  private stopping: Promise<void> | null = null;
+
+  private constructor(config: FrontDoorConfig) {
+    super();
+    this.config = config;
+    this.host = config.host;
+    this.threads = config.threads;
+    this.nodes = [];
+    this.clusters = [];
+    this.memberships = config.clusters.map((cluster, clusterIndex) => {
+      const membership = new Membership({
+        members: cluster.members,
+        intervalMs: config.healthIntervalMs,
+        timeoutMs: config.healthTimeoutMs,
+        ...(cluster.healthPath !== undefined ? { healthPath: cluster.healthPath } : {}),
+        ...(config.fetch !== undefined ? { fetch: config.fetch } : {}),
+      });
+      const indices: number[] = [];
+      for (const member of membership.all()) {
+        indices.push(this.nodes.length);
+        this.nodes.push({ id: member.id, url: member.url, cluster: clusterIndex });
+      }
+      this.clusters.push({ name: cluster.name, nodes: indices });
+      membership.on('change', () => this.publish());
+      return membership;
+    });
+    this.routes = config.routes.map((route) => {
+      const cluster = config.clusters.findIndex((c) => c.name === route.cluster);
+      if (cluster < 0) throw new Error(`route ${route.pattern}: unknown cluster "${route.cluster}"`);
+      return { pattern: route.pattern, cluster, policy: route.policy, keyHeader: route.keyHeader };
+    });
+    this.table = new TableWriter(this.nodes.length);
+    this.counterSlots = config.threads + 1;
+    this.counters = new SharedArrayBuffer(counterBytes(this.counterSlots, this.nodes.length));
+    const mainSlot = new CounterSlot(this.counters, 0, this.nodes.length);
+    this.router = new Router(
+      {
+        membership: this.memberships[0]!,
+        hedgeDelayMs: config.settings.hedgeDelayMs,
+        hedgeAfterPercentile: config.settings.hedgeAfterPercentile,
+        requestTimeoutMs: config.settings.requestTimeoutMs,
+        ...(config.fetch !== undefined ? { fetch: config.fetch } : {}),
+      },
+      { slot: mainSlot, totals: () => readTotals(this.counters, this.counterSlots, this.nodes.length) },
+    );
+    this.publish();
+  }
+
+  /** Probes membership once, starts health polling and the workers; resolves once all listen. */
+  static async start(config: FrontDoorConfig): Promise<FrontDoor> {
+    const door = new FrontDoor(config);
+    await Promise.all(door.memberships.map((m) => m.probeOnce()));
+    try {
+      await door.spawnAll();
+    } catch (err) {
+      await door.stop();
+      throw err;
+    }
+    for (const membership of door.memberships) membership.start();
+    return door;
+  }
+
+  get url(): string {
+    const host = this.host === '0.0.0.0' || this.host === '::' ? '127.0.0.1' : this.host;
+    return `http://${host}:${this.port}`;
+  }
+
+  /** Slots of the workers currently running. */
+  get workerSlots(): number[] {
+    return [...this.workers.keys()];
+  }
+
+  /** The whole process's counters and per-node latency: what `/stats` answers. */
+  async stats(): Promise<Record<string, unknown>> {
+    const encoded = await this.collect();
+    const totals = readTotals(this.counters, this.counterSlots, this.nodes.length);
+    const latency = mergeSummaries(encoded, this.nodes.length);
+    const nodes: Record<string, unknown> = {};
+    this.nodes.forEach((node, i) => {
+      nodes[node.id] = { cluster: this.clusters[node.cluster]!.name, ...totals.nodes[i], latencyUs: latency[i] };
+    });
+    return {
+      requests: totals.requests,
+      hedges: totals.hedges,
+      hedgeWins: totals.hedgeWins,
+      failovers: totals.failovers,
+      rejected: totals.rejected,
+      healthy: this.memberships.flatMap((m) => m.healthyIds()),
+      threads: this.threads,
+      nodes,
+    };
+  }
+
+  /** Fault injection: makes worker `slot` throw an uncaught exception. It is then replaced. */
+  crashWorker(slot: number): void {
+    const handle = this.workers.get(slot);
+    if (!handle) throw new RangeError(`no worker in slot ${slot}`);
+    this.post(handle.worker, { t: 'crash' });
+  }
+
+  /**
+   * Stops accepting, lets in-flight requests finish (bounded by `drainTimeoutMs`), stops health
+   * polling. Safe to call twice.
+   */
+  stop(): Promise<void> {
+    this.stopping ??= this.drainAll();
+    return this.stopping;
+  }
+
+  private async drainAll(): Promise<void> {
+    for (const membership of this.memberships) membership.stop();
+    const exits = [...this.workers.values()].map(
+      (handle) =>
+        new Promise<void>((resolve) => {
+          const worker = handle.worker;
+          if (worker.threadId < 0) return resolve();
+          const grace = setTimeout(() => {
+            // The worker ignored the drain; terminating is the only way left.
+            void worker.terminate();
+          }, this.config.settings.drainTimeoutMs + 5_000);
+          worker.once('exit', () => {
+            clearTimeout(grace);
+            resolve();
+          });
+          this.post(worker, { t: 'drain' });
+        }),
+    );
+    await Promise.all(exits);
+    this.workers.clear();
+  }
+
+  private publish(): void {
+    const rows: NodeRow[] = [];
+    this.memberships.forEach((membership, clusterIndex) => {
+      for (const node of membership.nodes()) {
+        const healthy = membership.isHealthy(node.id);
+        rows.push({
+          weight: node.weight,
+          flags: (healthy ? FLAG_HEALTHY : 0) | FLAG_ENABLED,
+          region: -1,
+          cluster: clusterIndex,
+          ewmaUs: 0,
+        });
+      }
+    });
+    this.table.publish(rows);
+  }
+
+  private async spawnAll(): Promise<void> {
+    let port = this.config.port;
+    const pickPort = port === 0;
+    // uWS does not set SO_REUSEPORT when asked for port 0, so a free port is chosen first and
+    // every worker binds it explicitly. Another process may take it in between: retry then.
+    for (let tries = 0; ; tries++) {
+      if (pickPort) port = await freePort(this.host);
+      try {
+        this.port = port;
+        await this.spawn(1);
+        break;
+      } catch (err) {
+        if (!pickPort || tries >= 4) throw err;
+      }
+    }
+    for (let slot = 2; slot <= this.threads; slot++) await this.spawn(slot);
+  }
+
+  private spawn(slot: number): Promise<void> {
+    const init: WorkerInit = {
+      slot,
+      host: this.host,
+      port: this.port,
+      table: this.table.buffer,
+      counters: this.counters,
+      counterSlots: this.counterSlots,
+      nodes: this.nodes,
+      clusters: this.clusters,
+      routes: this.routes,
+      settings: this.config.settings,
+    };
+    const worker = new Worker(WORKER_URL, { workerData: init, stderr: false, stdout: false });
+    const previous = this.workers.get(slot);
+    const handle: WorkerHandle = { slot, worker, deaths: previous?.deaths ?? [] };
+    this.workers.set(slot, handle);
+    return new Promise<void>((resolve, reject) => {
+      let listening = false;
+      worker.on('message', (message: WorkerMessage) => {
+        if (message.t === 'listening') {
+          listening = true;
+          resolve();
+          return;
+        }
+        if (message.t === 'listen-failed') {
+          if (!listening) reject(new Error(message.reason));
+          return;
+        }
+        this.onWorkerMessage(handle, message);
+      });
+      worker.on('error', (err) => {
+        if (!listening) reject(err);
+      });
+      worker.on('exit', (code) => {
+        if (!listening) reject(new Error(`worker ${slot} exited with code ${code} before listening`));
+        this.onWorkerExit(handle, worker, code);
+      });
+    });
+  }
+
+  private onWorkerExit(handle: WorkerHandle, worker: Worker, code: number): void {
+    if (this.workers.get(handle.slot)?.worker !== worker) return;
+    for (const collection of this.collections.values()) {
+      if (collection.waiting.delete(handle.slot) && collection.waiting.size === 0) collection.done();
+    }
+    if (this.stopping) return;
+    this.emit('worker-exit', handle.slot, code);
+    if (code === EXIT_CONFIG) return; // it could not start at all: respawning would loop
+    new CounterSlot(this.counters, handle.slot, this.nodes.length).resetInflight(this.nodes.length);
+    const now = Date.now();
+    handle.deaths = handle.deaths.filter((t) => now - t < 10_000);
+    handle.deaths.push(now);
+    // Crash-looping workers back off (0, 100, 200, 400 ... up to 5000 ms) instead of spinning.
+    const delay = handle.deaths.length <= 1 ? 0 : Math.min(5_000, 100 * 2 ** (handle.deaths.length - 2));
+    setTimeout(() => {
+      if (this.stopping) return;
+      this.spawn(handle.slot).then(
+        () => this.emit('worker-replaced', handle.slot),
+        (err: Error) => this.emit('error', err),
+      );
+    }, delay).unref();
+  }
+
+  private onWorkerMessage(handle: WorkerHandle, message: WorkerMessage): void {
+    switch (message.t) {
+      case 'stats-request':
+        this.stats().then(
+          (body) => this.post(handle.worker, { t: 'stats-reply', id: message.id, body: JSON.stringify(body) }),
+          (err: Error) => this.post(handle.worker, { t: 'stats-reply', id: message.id, body: JSON.stringify({ error: err.message }) }),
+        );
+        break;
+      case 'histograms': {
+        const collection = this.collections.get(message.id);
+        if (collection && collection.waiting.delete(handle.slot)) {
+          collection.encoded.push(message.encoded);
+          if (collection.waiting.size === 0) collection.done();
+        }
+        break;
+      }
+      case 'node-refused': {
+        const node = this.nodes[message.node];
+        if (node) this.memberships[node.cluster]!.markUnhealthy(node.id);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  /** Gathers every live worker's encoded histograms (or what arrived within the timeout). */
+  private collect(): Promise<(string | null)[][]> {
+    const id = this.nextCollectionId++;
+    const encoded: (string | null)[][] = [];
+    const waiting = new Set(this.workers.keys());
+    if (waiting.size === 0) return Promise.resolve(encoded);
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => finish(), COLLECT_TIMEOUT_MS);
+      const finish = (): void => {
+        clearTimeout(timer);
+        this.collections.delete(id);
+        resolve(encoded);
+      };
+      this.collections.set(id, { encoded, waiting, done: finish });
+      for (const handle of this.workers.values()) this.post(handle.worker, { t: 'collect', id });
+    });
+  }
+
+  private post(worker: Worker, message: MainMessage): void {
+    worker.postMessage(message);
+  }
+}
+
+/** A port that was free a moment ago on `host`. */
+function freePort(host: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.unref();
+    server.once('error', reject);
+    server.listen(0, host, () => {
+      const address = server.address();
+      const port = typeof address === 'object' && address ? address.port : 0;
+      server.close(() => resolve(port));
+    });
+  });
+}

@@ -1,0 +1,75 @@
+/**
+ * Data-plane worker entry point: wires a WorkerFront (src/server/front.ts) to its parent.
+ * Kept thin on purpose; everything it runs lives in src/.
+ */
+import { parentPort, workerData } from 'node:worker_threads';
+import { WorkerFront } from '../src/server/front.js';
+import type { MainMessage, WorkerInit, WorkerMessage } from '../src/server/protocol.js';
+
+if (!parentPort) throw new Error('workers/data-plane.js must run as a worker thread');
+const port = parentPort;
+const init = workerData as WorkerInit;
+
+function send(message: WorkerMessage): void {
+  port.postMessage(message);
+}
+
+let front: WorkerFront | null = null;
+
+// A worker that dies holding uWS sockets takes the whole process down with it (Node aborts on
+// the open handles), so every fatal path closes them first and exits with a code the
+// supervisor reads as "replace me".
+function die(err: unknown): never {
+  const reason = err instanceof Error ? err.stack ?? err.message : String(err);
+  process.stderr.write(`lakefront: worker ${init.slot} crashed: ${reason}\n`);
+  try {
+    front?.emergencyClose();
+  } finally {
+    process.exit(70);
+  }
+}
+process.on('uncaughtException', die);
+process.on('unhandledRejection', die);
+
+try {
+  front = new WorkerFront(init, {
+    requestStats: (id) => send({ t: 'stats-request', id }),
+    nodeRefused: (node) => send({ t: 'node-refused', node }),
+  });
+} catch (err) {
+  send({ t: 'listen-failed', reason: err instanceof Error ? err.message : String(err) });
+  process.exit(78);
+}
+const running = front;
+
+running.listen().then(
+  (boundPort) => send({ t: 'listening', port: boundPort }),
+  (err: Error) => {
+    send({ t: 'listen-failed', reason: err.message });
+    running.emergencyClose();
+    process.exit(78);
+  },
+);
+
+port.on('message', (message: MainMessage) => {
+  switch (message.t) {
+    case 'stats-reply':
+      running.statsReply(message.id, message.body);
+      break;
+    case 'collect':
+      send({ t: 'histograms', id: message.id, encoded: running.encodeHistograms() });
+      break;
+    case 'drain':
+      running.drain().then((abandoned) => {
+        send({ t: 'drained', abandoned });
+        // Let the message flush before the thread ends.
+        setImmediate(() => process.exit(0));
+      }, die);
+      break;
+    case 'crash':
+      setImmediate(() => {
+        throw new Error('crash requested by the control plane (fault injection)');
+      });
+      break;
+  }
+});
