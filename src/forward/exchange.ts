@@ -8,8 +8,9 @@
  * - A retryable request hedges to the next candidate when the current primary has not answered by
  *   its hedge trigger (its own p95, or the configured delay); the first good answer wins and
  *   every other attempt is aborted.
- * - A retryable request fails over down the whole ranking when an attempt fails; when every
- *   candidate has failed it settles as `ALL_CANDIDATES_FAILED` (502).
+ * - A retryable request fails over down the whole ranking when an attempt fails and no other
+ *   attempt is still running; when every candidate has failed it settles as
+ *   `ALL_CANDIDATES_FAILED` (502). At most one hedge fires per request.
  * - A request that is not retryable gets exactly one attempt on one node: no hedge, no failover.
  *   If that attempt fails the outcome is unknown to us and it settles as `OUTCOME_UNKNOWN` (502).
  *
@@ -150,17 +151,17 @@ export class Exchange {
   }
 
   private next(): void {
+    // Another attempt (the hedge, or the primary it raced) is still running and may answer:
+    // wait for it rather than adding load with a further attempt.
+    if (this.inflight > 0) return;
     if (this.retryable && this.launched < this.count) {
       this.driver.counters.failover();
       this.launch();
       // The hedge clock belongs to the attempt now leading; restart it for the new one.
-      if (!this.hedged) {
-        this.clearHedge();
-        this.armHedge();
-      }
+      this.clearHedge();
+      this.armHedge();
       return;
     }
-    if (this.inflight > 0) return; // a hedge is still running: it may yet answer
     if (this.retryable) {
       this.fail(ErrorCodes.ALL_CANDIDATES_FAILED, 502, 'every candidate node failed');
     } else {

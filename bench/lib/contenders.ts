@@ -1,0 +1,157 @@
+/**
+ * The contenders, all in front of the same upstream nodes: the upstream directly (the ceiling),
+ * Lakefront, the plain Node proxy, nginx and HAProxy. Each starts as its own process tree and
+ * reports which PIDs to charge CPU to.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { connect, createServer, type AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { DIST, ROOT, childPids, findBinary, pause, spawnReady, wrap, type Proc } from './procs.js';
+
+export interface Upstream {
+  readonly proc: Proc;
+  readonly ports: number[];
+}
+
+export interface Contender {
+  readonly name: string;
+  readonly url: string;
+  /** null for the upstream itself, whose cost is not a proxy's. */
+  readonly proc: Proc | null;
+}
+
+export interface UpstreamOptions {
+  readonly count?: number;
+  readonly bodyBytes?: number;
+  readonly stallMs?: number;
+  readonly stallP?: number;
+}
+
+export async function startUpstream(options: UpstreamOptions = {}): Promise<Upstream> {
+  const count = options.count ?? 3;
+  const args = [join(DIST, 'upstream.js'), '--ports', Array(count).fill(0).join(','), '--body-bytes', String(options.bodyBytes ?? 64)];
+  if (options.stallP) args.push('--stall-ms', String(options.stallMs ?? 50), '--stall-p', String(options.stallP));
+  const { proc, ready } = await spawnReady('upstream', process.execPath, args);
+  return { proc, ports: ready.ports as number[] };
+}
+
+function nodeList(upstream: Upstream): string {
+  return upstream.ports.map((p, i) => `node-${i}=http://127.0.0.1:${p}`).join(',');
+}
+
+export function direct(upstream: Upstream): Contender {
+  return { name: 'direct', url: `http://127.0.0.1:${upstream.ports[0]}`, proc: null };
+}
+
+export interface LakefrontOptions {
+  readonly threads: number;
+  readonly hedgeMs?: number;
+  readonly hedgePercentile?: number;
+  readonly extraArgs?: string[];
+  readonly name?: string;
+}
+
+export async function startLakefront(upstream: Upstream, options: LakefrontOptions): Promise<Contender> {
+  const args = [
+    join(ROOT, 'dist/src/cli.js'),
+    '--nodes', nodeList(upstream),
+    '--port', '0',
+    '--host', '127.0.0.1',
+    '--threads', String(options.threads),
+    '--health-interval-ms', '1000',
+    ...(options.hedgeMs !== undefined ? ['--hedge-ms', String(options.hedgeMs)] : []),
+    ...(options.hedgePercentile !== undefined ? ['--hedge-percentile', String(options.hedgePercentile)] : []),
+    ...(options.extraArgs ?? []),
+  ];
+  const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  const url = await new Promise<string>((resolve, reject) => {
+    child.stdout!.on('data', (c: Buffer) => {
+      output += c.toString();
+      const match = output.match(/listening on (http:\/\/[\d.]+:\d+)/);
+      if (match) resolve(match[1]!);
+    });
+    child.stderr!.on('data', (c: Buffer) => (output += c.toString()));
+    child.once('exit', (code) => reject(new Error(`lakefront exited ${code}: ${output}`)));
+  });
+  const name = options.name ?? `lakefront-${options.threads}t`;
+  return { name, url, proc: wrap(name, child, () => [child.pid!]) };
+}
+
+export async function startNodeProxy(upstream: Upstream): Promise<Contender> {
+  const { proc, ready } = await spawnReady('node-proxy', process.execPath, [join(DIST, 'node-proxy.js'), '--port', '0', '--nodes', nodeList(upstream)]);
+  return { name: 'node-proxy', url: `http://127.0.0.1:${ready.port as number}`, proc };
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const port = (server.address() as AddressInfo).port;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+/** Waits until `port` accepts, or fails with what the process printed if it exits first. */
+async function waitForPort(port: number, child: ChildProcess, timeoutMs = 10_000): Promise<void> {
+  let stderr = '';
+  child.stderr?.on('data', (c: Buffer) => (stderr += c.toString()));
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`exited ${child.exitCode}: ${stderr.trim()}`);
+    const ok = await new Promise<boolean>((resolve) => {
+      const socket = connect(port, '127.0.0.1');
+      socket.once('connect', () => {
+        socket.destroy();
+        resolve(true);
+      });
+      socket.once('error', () => resolve(false));
+    });
+    if (ok) return;
+    if (Date.now() > deadline) throw new Error(`nothing listened on ${port} within ${timeoutMs} ms: ${stderr.trim()}`);
+    await pause(50);
+  }
+}
+
+function fill(template: string, values: Record<string, string>): string {
+  return template.replace(/\{\{(\w+)\}\}/g, (_, key: string) => {
+    const value = values[key];
+    if (value === undefined) throw new Error(`template value ${key} missing`);
+    return value;
+  });
+}
+
+const PEERS = join(ROOT, 'bench/peers');
+
+/** nginx with `workers` worker processes, or null (with the reason) when nginx is missing. */
+export async function startNginx(upstream: Upstream, workers: number): Promise<Contender | string> {
+  const binary = findBinary('/usr/sbin/nginx', '/usr/bin/nginx');
+  if (!binary) return 'nginx not installed (apt-get install nginx)';
+  const dir = mkdtempSync(join(tmpdir(), 'lakefront-nginx-'));
+  for (const sub of ['body', 'proxy', 'fastcgi', 'uwsgi', 'scgi', 'logs']) mkdirSync(join(dir, sub), { recursive: true });
+  const port = await freePort();
+  const servers = upstream.ports.map((p) => `        server 127.0.0.1:${p};`).join('\n');
+  writeFileSync(join(dir, 'nginx.conf'), fill(readFileSync(join(PEERS, 'nginx.conf.tmpl'), 'utf8'), { WORKERS: String(workers), DIR: dir, PORT: String(port), SERVERS: servers }));
+  const child = spawn(binary, ['-p', dir, '-c', join(dir, 'nginx.conf')], { stdio: ['ignore', 'ignore', 'pipe'] });
+  await waitForPort(port, child);
+  const name = `nginx-${workers}w`;
+  return { name, url: `http://127.0.0.1:${port}`, proc: wrap(name, child, () => [child.pid!, ...childPids(child.pid!)]) };
+}
+
+export async function startHaproxy(upstream: Upstream, threads: number): Promise<Contender | string> {
+  const binary = findBinary('/usr/sbin/haproxy', '/usr/bin/haproxy');
+  if (!binary) return 'haproxy not installed (apt-get install haproxy)';
+  const dir = mkdtempSync(join(tmpdir(), 'lakefront-haproxy-'));
+  const port = await freePort();
+  const servers = upstream.ports.map((p, i) => `    server n${i} 127.0.0.1:${p}`).join('\n');
+  const file = join(dir, 'haproxy.cfg');
+  writeFileSync(file, fill(readFileSync(join(PEERS, 'haproxy.cfg.tmpl'), 'utf8'), { THREADS: String(threads), DIR: dir, PORT: String(port), SERVERS: servers }));
+  const child = spawn(binary, ['-db', '-f', file], { stdio: ['ignore', 'ignore', 'pipe'] });
+  await waitForPort(port, child);
+  const name = `haproxy-${threads}t`;
+  return { name, url: `http://127.0.0.1:${port}`, proc: wrap(name, child, () => [child.pid!, ...childPids(child.pid!)]) };
+}

@@ -1,0 +1,167 @@
+/**
+ * The throughput suite: every contender in front of the same three upstream nodes, the same load,
+ * interleaved (A B C A B C ...), medians of the repeats.
+ *
+ *   node dist/bench/suite.js [--quick] [--repeats 3] [--seconds 5]
+ *       [--contenders direct,lakefront-1t,lakefront-2t,node-proxy,nginx-1w,nginx-2w,haproxy-1t,haproxy-2t]
+ *       [--workloads post256,get1k,get16k,mix8020] [--connections 64,1024] [--no-write]
+ *
+ * Settings may also come from the environment: BENCH_REPEATS, BENCH_SECONDS, BENCH_CONTENDERS,
+ * BENCH_WORKLOADS, BENCH_CONNECTIONS. Writes bench/results/suite.json, bench/results/suite.svg and
+ * the generated section of bench/RESULTS.md.
+ */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { direct, startHaproxy, startLakefront, startNginx, startNodeProxy, startUpstream, type Contender, type Upstream } from './lib/contenders.js';
+import { WORKLOADS, runLoad, warmUp, type LoadResult } from './lib/load.js';
+import { ROOT, pause, totalCpuSeconds } from './lib/procs.js';
+import { fmt, machine, median, spread, svgChart, table, updateSection, type ChartGroup } from './lib/report.js';
+
+const { values } = parseArgs({
+  options: {
+    quick: { type: 'boolean', default: false },
+    repeats: { type: 'string' },
+    seconds: { type: 'string' },
+    contenders: { type: 'string' },
+    workloads: { type: 'string' },
+    connections: { type: 'string' },
+    'no-write': { type: 'boolean', default: false },
+    section: { type: 'string' },
+  },
+});
+const env = process.env;
+const quick = values.quick!;
+const repeats = Number(values.repeats ?? env.BENCH_REPEATS ?? 3);
+const seconds = Number(values.seconds ?? env.BENCH_SECONDS ?? (quick ? 3 : 5));
+const contenderNames = (values.contenders ?? env.BENCH_CONTENDERS ?? 'direct,lakefront-1t,lakefront-2t,node-proxy,nginx-1w,nginx-2w,haproxy-1t,haproxy-2t').split(',');
+const workloadNames = (values.workloads ?? env.BENCH_WORKLOADS ?? (quick ? 'post256,get1k' : 'post256,get1k,get16k,mix8020')).split(',');
+const connectionCounts = (values.connections ?? env.BENCH_CONNECTIONS ?? (quick ? '64' : '64,1024')).split(',').map(Number);
+const section = values.section ?? (quick ? 'suite-quick' : 'suite');
+
+for (const name of workloadNames) if (!WORKLOADS[name]) throw new Error(`unknown workload ${name}; known: ${Object.keys(WORKLOADS).join(', ')}`);
+
+async function startContender(name: string, upstream: Upstream): Promise<Contender | string> {
+  if (name === 'direct') return direct(upstream);
+  if (name === 'node-proxy') return startNodeProxy(upstream);
+  const m = name.match(/^(lakefront|nginx|haproxy)-(\d+)[tw]$/);
+  if (!m) throw new Error(`unknown contender ${name}`);
+  const n = Number(m[2]);
+  if (m[1] === 'lakefront') return startLakefront(upstream, { threads: n });
+  if (m[1] === 'nginx') return startNginx(upstream, n);
+  return startHaproxy(upstream, n);
+}
+
+interface Sample extends LoadResult {
+  readonly cpuUsPerRequest: number;
+}
+
+async function main(): Promise<void> {
+  const upstream = await startUpstream();
+  const contenders: Contender[] = [];
+  const skipped: string[] = [];
+  try {
+    for (const name of contenderNames) {
+      const started = await startContender(name, upstream);
+      if (typeof started === 'string') {
+        process.stdout.write(`skip ${name}: ${started}\n`);
+        skipped.push(`${name}: ${started}`);
+      } else contenders.push(started);
+    }
+    const results: Record<string, Record<string, Sample[]>> = {};
+    for (const workloadName of workloadNames) {
+      const workload = WORKLOADS[workloadName]!;
+      for (const connections of connectionCounts) {
+        const key = `${workloadName} c${connections}`;
+        results[key] = {};
+        for (const c of contenders) {
+          results[key]![c.name] = [];
+          await warmUp(c.url, workload, connections);
+        }
+        for (let r = 0; r < repeats; r++) {
+          for (const c of contenders) {
+            await pause(300); // let the previous run's sockets close
+            const cpuBefore = c.proc ? totalCpuSeconds(c.proc) : 0;
+            const result = await runLoad(c.url, workload, connections, seconds);
+            const cpuAfter = c.proc ? totalCpuSeconds(c.proc) : 0;
+            const cpuUsPerRequest = c.proc && result.requests > 0 ? ((cpuAfter - cpuBefore) * 1e6) / result.requests : Number.NaN;
+            results[key]![c.name]!.push({ ...result, cpuUsPerRequest });
+            process.stdout.write(
+              `${key.padEnd(16)} ${c.name.padEnd(14)} run ${r + 1}/${repeats}: ${fmt(result.rps).padStart(7)} req/s  p50 ${fmt(result.p50Us)} us  p99 ${fmt(result.p99Us)} us  cpu ${fmt(cpuUsPerRequest, 1)} us/req  non2xx ${result.non2xx} errors ${result.errors}\n`,
+            );
+          }
+        }
+      }
+    }
+    report(results, contenders, skipped);
+  } finally {
+    for (const c of contenders) await c.proc?.stop();
+    await upstream.proc.stop();
+  }
+}
+
+function report(results: Record<string, Record<string, Sample[]>>, contenders: Contender[], skipped: string[]): void {
+  const info = machine();
+  const command = `node dist/bench/suite.js ${process.argv.slice(2).join(' ')}`.trim();
+  const summary: Record<string, Record<string, Record<string, number | number[]>>> = {};
+  const groups: ChartGroup[] = [];
+  const lines: string[] = [];
+  for (const [key, byContender] of Object.entries(results)) {
+    summary[key] = {};
+    const rows: string[][] = [];
+    const nginx2 = byContender['nginx-2w'] ? median(byContender['nginx-2w'].map((s) => s.rps)) : Number.NaN;
+    const nodeProxy = byContender['node-proxy'] ? median(byContender['node-proxy'].map((s) => s.rps)) : Number.NaN;
+    const series = [];
+    for (const c of contenders) {
+      const samples = byContender[c.name]!;
+      const rps = median(samples.map((s) => s.rps));
+      const [lo, hi] = spread(samples.map((s) => s.rps));
+      const p50 = median(samples.map((s) => s.p50Us));
+      const p99 = median(samples.map((s) => s.p99Us));
+      const p999 = median(samples.map((s) => s.p999Us));
+      const cpu = median(samples.map((s) => s.cpuUsPerRequest));
+      const failures = samples.reduce((s, x) => s + x.non2xx + x.errors + x.timeouts, 0);
+      summary[key]![c.name] = { rps, rpsMin: lo, rpsMax: hi, p50Us: p50, p99Us: p99, p999Us: p999, cpuUsPerRequest: cpu, failures, runs: samples.map((s) => Math.round(s.rps)) };
+      series.push({ label: c.name, rps, p50Us: p50, p99Us: p99, p999Us: p999 });
+      rows.push([
+        c.name,
+        fmt(rps),
+        `${fmt(lo)}-${fmt(hi)}`,
+        Number.isFinite(nginx2) ? `${fmt(rps / nginx2, 2)}x` : '-',
+        Number.isFinite(nodeProxy) ? `${fmt(rps / nodeProxy, 2)}x` : '-',
+        fmt(p50),
+        fmt(p99),
+        fmt(p999),
+        fmt(cpu, 1),
+        String(failures),
+      ]);
+    }
+    groups.push({ title: key, series });
+    lines.push(`#### ${key}`, '', table(['contender', 'req/s (median)', 'spread', 'vs nginx-2w', 'vs node-proxy', 'p50 us', 'p99 us', 'p99.9 us', 'CPU us/req', 'failed'], rows), '');
+  }
+  const out = {
+    machine: info,
+    command,
+    settings: { repeats, seconds, workloads: workloadNames, connections: connectionCounts, contenders: contenders.map((c) => c.name), skipped },
+    summary,
+  };
+  process.stdout.write(`\n${lines.join('\n')}\n`);
+  if (values['no-write']) return;
+  const dir = join(ROOT, 'bench/results');
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, `${section}.json`), `${JSON.stringify(out, null, 2)}\n`);
+  writeFileSync(join(dir, `${section}.svg`), svgChart(`Lakefront bench (${section}): ${info.date.slice(0, 10)}, ${info.cpu}`, groups));
+  const header = [
+    `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
+    `Command: \`${command}\` (${repeats} interleaved repeats of ${seconds} s per contender and workload, after a 1 s warm-up; medians, spread = min-max of the repeats).`,
+    `Load: autocannon in the bench process, latency per response in microseconds (HDR). CPU us/req = the contender's process CPU time (all threads, all processes) over requests answered.`,
+    skipped.length ? `Skipped: ${skipped.join('; ')}.` : '',
+    `Chart: [results/${section}.svg](results/${section}.svg); raw figures: [results/${section}.json](results/${section}.json).`,
+  ].filter(Boolean);
+  updateSection(join(ROOT, 'bench/RESULTS.md'), section, [...header, '', ...lines].join('\n'));
+}
+
+main().catch((err: Error) => {
+  process.stderr.write(`${err.stack ?? err.message}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,133 @@
+/**
+ * The `lakefront` command as an operator runs it: a real process, real signals.
+ */
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { createServer, type AddressInfo } from 'node:net';
+import { fileURLToPath } from 'node:url';
+import { after, before, describe, it } from 'node:test';
+import { startNodes, type FakeNode } from './fixtures/fake-node.js';
+import { call, rpc, waitForLine } from './fixtures/http.js';
+
+const CLI = fileURLToPath(new URL('../src/cli.js', import.meta.url));
+
+interface Run {
+  readonly child: ChildProcess;
+  output(): string;
+}
+
+function start(args: string[], env: Record<string, string> = {}): Run {
+  const child = spawn(process.execPath, [CLI, ...args], {
+    env: { PATH: process.env.PATH ?? '', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let output = '';
+  child.stdout!.on('data', (c: Buffer) => (output += c.toString()));
+  child.stderr!.on('data', (c: Buffer) => (output += c.toString()));
+  return { child, output: () => output };
+}
+
+async function exitOf(run: Run): Promise<number | null> {
+  if (run.child.exitCode !== null) return run.child.exitCode;
+  const [code] = (await once(run.child, 'exit')) as [number | null];
+  return code;
+}
+
+describe('lakefront command: bad configuration stops start-up with exit 2 and one line', () => {
+  const cases: [string, string[], Record<string, string>, RegExp][] = [
+    ['duplicate id', [], { LAKEFRONT_NODES: 'a=http://127.0.0.1:1,a=http://127.0.0.1:2' }, /duplicate node id "a"/],
+    ['bad URL', [], { LAKEFRONT_NODES: 'a=not a url' }, /bad URL "not a url"/],
+    ['entry without =', [], { LAKEFRONT_NODES: 'a=http://127.0.0.1:1,b' }, /LAKEFRONT_NODES: bad entry "b"/],
+    ['non-numeric port', ['--nodes', 'a=http://127.0.0.1:1'], { PORT: 'eighty' }, /PORT: not a whole number: "eighty"/],
+    ['port out of range', ['--port', '70000', '--nodes', 'a=http://127.0.0.1:1'], {}, /--port: 70000 is out of range/],
+    ['bad thread count', ['--threads', '0', '--nodes', 'a=http://127.0.0.1:1'], {}, /--threads: 0 is out of range/],
+    ['bad hedge delay', [], { LAKEFRONT_NODES: 'a=http://127.0.0.1:1', LAKEFRONT_HEDGE_MS: '-5' }, /LAKEFRONT_HEDGE_MS: not a whole number: "-5"/],
+    ['unknown flag', ['--nodez', 'x'], {}, /Unknown option '--nodez'/],
+  ];
+  for (const [name, args, env, pattern] of cases) {
+    it(name, async () => {
+      const run = start(args, env);
+      assert.equal(await exitOf(run), 2);
+      const lines = run.output().trim().split('\n');
+      assert.equal(lines.length, 1, `one line, got: ${run.output()}`);
+      assert.match(lines[0]!, pattern);
+    });
+  }
+
+  it('flags win over the environment', async () => {
+    const run = start(['--port', 'x1'], { PORT: '8080', LAKEFRONT_NODES: 'a=http://127.0.0.1:1' });
+    assert.equal(await exitOf(run), 2);
+    assert.match(run.output(), /--port: not a whole number: "x1"/);
+  });
+
+  it('--help prints every option and exits 0', async () => {
+    const run = start(['--help']);
+    assert.equal(await exitOf(run), 0);
+    for (const flag of ['--nodes', '--port', '--threads', '--hedge-ms', '--health-interval-ms']) assert.ok(run.output().includes(flag), flag);
+  });
+});
+
+describe('lakefront command: running', () => {
+  let nodes: FakeNode[];
+  before(async () => {
+    nodes = await startNodes('c-a', 'c-b', 'c-c');
+  });
+  after(async () => {
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  it('with no nodes configured, serves an embedded demo cluster and prints a curl line', async () => {
+    const run = start(['--port', '0', '--threads', '2']);
+    try {
+      const [, url] = await waitForLine(run.child, /try: curl .* (http:\/\/127\.0\.0\.1:\d+)\/rpc\/query\.execute/);
+      const reply = await rpc(url!, 'query.execute', 'board-1');
+      assert.equal(reply.status, 200);
+      const served = reply.headers['x-lakefront-served-by'];
+      assert.match(String(served), /^demo-[abc]$/);
+      assert.equal(reply.json<{ node: string }>().node, served, 'the demo node names itself');
+      assert.equal((await call(`${url}/health`)).json<{ healthy: string[] }>().healthy.length, 3);
+    } finally {
+      run.child.kill('SIGTERM');
+      assert.equal(await exitOf(run), 0);
+    }
+  });
+
+  it('on SIGTERM stops accepting, finishes in-flight requests, and exits 0; secrets never reach the log', async () => {
+    const secret = 'Bearer do-not-log-me-7f3a';
+    const env = {
+      LAKEFRONT_NODES: nodes.map((n) => `${n.id}=${n.url}`).join(','),
+      PORT: '0',
+      LAKEFRONT_THREADS: '2',
+      LAKEFRONT_HOST: '127.0.0.1',
+    };
+    const run = start([], env);
+    const [, url] = await waitForLine(run.child, /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+    for (const n of nodes) n.behaviour = { kind: 'answer', delayMs: 300 };
+    const arrived = Promise.race(nodes.map((n) => once(n, 'request')));
+    const inflight = rpc(url!, 'board.append', 'drain-board', { headers: { authorization: secret } });
+    await arrived;
+    run.child.kill('SIGTERM');
+    const reply = await inflight;
+    assert.equal(reply.status, 200, 'the in-flight write was finished, not cut');
+    assert.equal(await exitOf(run), 0);
+    await assert.rejects(call(`${url}/health`, { fresh: true }), 'no longer accepting');
+    assert.ok(!run.output().includes('do-not-log-me'), 'the Authorization header never reaches the log');
+    for (const n of nodes) n.behaviour = { kind: 'answer' };
+  });
+
+  it('names a port that is already taken and exits 1', async () => {
+    // uWS shares a port with its own sockets through SO_REUSEPORT; a plain listener blocks it.
+    const blocker = createServer();
+    blocker.listen(0, '127.0.0.1');
+    await once(blocker, 'listening');
+    const port = (blocker.address() as AddressInfo).port;
+    try {
+      const run = start(['--port', String(port), '--threads', '1', '--host', '127.0.0.1', '--nodes', `a=${nodes[0]!.url}`]);
+      assert.equal(await exitOf(run), 1);
+      assert.match(run.output(), new RegExp(`could not listen on 127\\.0\\.0\\.1:${port}`));
+    } finally {
+      blocker.close();
+    }
+  });
+});

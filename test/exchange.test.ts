@@ -1,0 +1,208 @@
+import assert from 'node:assert/strict';
+import { EventEmitter } from 'node:events';
+import { describe, it } from 'node:test';
+import { ErrorCodes } from '../src/errors.js';
+import { Exchange, type ExchangeDriver } from '../src/forward/exchange.js';
+
+interface Started {
+  node: number;
+  ordinal: number;
+  aborted: boolean;
+}
+
+/** A driver whose transport is the test itself: attempts end when the test says so. */
+class ScriptedDriver extends EventEmitter implements ExchangeDriver {
+  readonly started: Started[] = [];
+  readonly tally = { hedges: 0, hedgeWins: 0, failovers: 0 };
+  readonly counters = {
+    hedge: () => void this.tally.hedges++,
+    hedgeWin: () => void this.tally.hedgeWins++,
+    failover: () => void this.tally.failovers++,
+  };
+  settledWith: Exchange | null = null;
+  constructor(readonly delayMs = 5) {
+    super();
+  }
+  startAttempt(_exchange: Exchange, node: number, ordinal: number) {
+    const record: Started = { node, ordinal, aborted: false };
+    this.started.push(record);
+    this.emit('start', record);
+    return { abort: () => void (record.aborted = true) };
+  }
+  hedgeDelayMs(): number {
+    return this.delayMs;
+  }
+  settle(exchange: Exchange): void {
+    assert.equal(this.settledWith, null, 'settled twice');
+    this.settledWith = exchange;
+    this.emit('settled', exchange);
+  }
+}
+
+function exchangeOver(driver: ScriptedDriver, nodes: number[], retryable: boolean): Exchange {
+  const ex = new Exchange(driver, nodes.length);
+  nodes.forEach((n, i) => (ex.candidates[i] = n));
+  ex.count = nodes.length;
+  ex.retryable = retryable;
+  ex.hedgeEnabled = retryable;
+  return ex;
+}
+
+const body = Buffer.from('ok');
+
+describe('Exchange', () => {
+  it('answers 503 NO_HEALTHY_NODE with no candidate', () => {
+    const driver = new ScriptedDriver();
+    const ex = exchangeOver(driver, [], true);
+    ex.begin();
+    assert.equal(driver.settledWith, ex);
+    assert.equal(ex.failure?.code, ErrorCodes.NO_HEALTHY_NODE);
+    assert.equal(ex.failure?.status, 503);
+    assert.equal(driver.started.length, 0);
+  });
+
+  it('a primary that answers in time is the only attempt', () => {
+    const driver = new ScriptedDriver(1_000);
+    const ex = exchangeOver(driver, [2, 0, 1], true);
+    ex.begin();
+    ex.answered(0, 200, null, body, 3);
+    assert.equal(ex.servedBy, 2);
+    assert.equal(ex.hedged, false);
+    assert.deepEqual(driver.started.map((s) => s.node), [2]);
+    assert.deepEqual(driver.tally, { hedges: 0, hedgeWins: 0, failovers: 0 });
+  });
+
+  it('hedges to the runner-up when the primary is late; the hedge wins and the primary is aborted', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(5);
+    const ex = exchangeOver(driver, [1, 2, 0], true);
+    ex.begin();
+    t.mock.timers.tick(4);
+    assert.equal(driver.started.length, 1, 'not before the trigger');
+    t.mock.timers.tick(1);
+    const hedge = driver.started[1]!;
+    assert.equal(hedge.node, 2);
+    assert.equal(ex.hedged, true);
+    ex.answered(1, 200, null, body, 4);
+    assert.equal(ex.servedBy, 2);
+    assert.equal(driver.started[0]!.aborted, true, 'the loser is aborted');
+    assert.deepEqual(driver.tally, { hedges: 1, hedgeWins: 1, failovers: 0 });
+    // A late report from the aborted loser changes nothing.
+    ex.answered(0, 200, null, body, 50);
+    assert.equal(ex.servedBy, 2);
+  });
+
+  it('when the primary beats its own hedge, the hedge is aborted and is no win', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(5);
+    const ex = exchangeOver(driver, [0, 1], true);
+    ex.begin();
+    t.mock.timers.tick(5);
+    ex.answered(0, 200, null, body, 7);
+    assert.equal(ex.servedBy, 0);
+    assert.equal(driver.started[1]!.aborted, true);
+    assert.deepEqual(driver.tally, { hedges: 1, hedgeWins: 0, failovers: 0 });
+  });
+
+  it('fires at most one hedge', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(2);
+    const ex = exchangeOver(driver, [0, 1, 2, 3], true);
+    ex.begin();
+    t.mock.timers.tick(2);
+    t.mock.timers.tick(1_000);
+    assert.equal(driver.started.length, 2);
+    ex.answered(1, 200, null, body, 1);
+  });
+
+  it('a bare write gets one attempt: no hedge however slow, and a failure is reported as unknown', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(1);
+    const ex = exchangeOver(driver, [0, 1, 2], false);
+    ex.begin();
+    t.mock.timers.tick(60_000);
+    assert.equal(driver.started.length, 1);
+    ex.failed(0, new Error('ECONNRESET'));
+    assert.equal(driver.started.length, 1, 'never failed over');
+    assert.equal(ex.failure?.code, ErrorCodes.OUTCOME_UNKNOWN);
+    assert.equal(ex.failure?.status, 502);
+    assert.deepEqual(driver.tally, { hedges: 0, hedgeWins: 0, failovers: 0 });
+  });
+
+  it('a bare write relays a 503 answer rather than retrying it', () => {
+    const driver = new ScriptedDriver(1_000);
+    const ex = exchangeOver(driver, [0, 1], false);
+    ex.begin();
+    ex.answered(0, 503, null, body, 1);
+    assert.equal(ex.failure, null);
+    assert.equal(ex.status, 503);
+    assert.equal(driver.started.length, 1);
+  });
+
+  it('a retryable request fails over down the ranking in order, then answers 502', () => {
+    const driver = new ScriptedDriver(1_000);
+    const ex = exchangeOver(driver, [3, 1, 0, 2], true);
+    ex.begin();
+    ex.failed(0, new Error('refused'));
+    ex.answered(1, 503, null, body, 1); // gateway failure: counts as failed
+    ex.failed(2, new Error('timeout'));
+    ex.answered(3, 502, null, body, 1);
+    assert.deepEqual(driver.started.map((s) => s.node), [3, 1, 0, 2]);
+    assert.equal(ex.failure?.code, ErrorCodes.ALL_CANDIDATES_FAILED);
+    assert.equal(ex.failure?.status, 502);
+    assert.equal(driver.tally.failovers, 3);
+  });
+
+  it('a retryable request that fails over is answered by the next node', () => {
+    const driver = new ScriptedDriver(1_000);
+    const ex = exchangeOver(driver, [0, 1, 2], true);
+    ex.begin();
+    ex.failed(0, new Error('reset'));
+    ex.answered(1, 200, null, body, 2);
+    assert.equal(ex.servedBy, 1);
+    assert.equal(ex.hedged, false);
+    assert.equal(driver.tally.failovers, 1);
+  });
+
+  it('does not fail over while a hedge is still racing', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(2);
+    const ex = exchangeOver(driver, [0, 1, 2], true);
+    ex.begin();
+    t.mock.timers.tick(2);
+    ex.failed(0, new Error('reset'));
+    assert.equal(driver.started.length, 2, 'waits for the running hedge');
+    ex.answered(1, 200, null, body, 2);
+    assert.equal(ex.servedBy, 1);
+    assert.equal(driver.tally.failovers, 0);
+  });
+
+  it('re-arms the hedge clock for the node that takes over after a failover', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(10);
+    const ex = exchangeOver(driver, [0, 1, 2], true);
+    ex.begin();
+    t.mock.timers.tick(6);
+    ex.failed(0, new Error('reset'));
+    assert.deepEqual(driver.started.map((s) => s.node), [0, 1]);
+    t.mock.timers.tick(9);
+    assert.equal(driver.started.length, 2, 'the old clock was cleared');
+    t.mock.timers.tick(1);
+    assert.deepEqual(driver.started.map((s) => s.node), [0, 1, 2]);
+    assert.equal(ex.hedged, true);
+    ex.answered(2, 200, null, body, 1);
+    assert.equal(ex.servedBy, 2);
+  });
+
+  it('cancel aborts every attempt and settles nothing', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(2);
+    const ex = exchangeOver(driver, [0, 1], true);
+    ex.begin();
+    t.mock.timers.tick(2);
+    ex.cancel();
+    assert.ok(driver.started.every((s) => s.aborted));
+    ex.answered(0, 200, null, body, 1);
+    assert.equal(driver.settledWith, null);
+  });
+});

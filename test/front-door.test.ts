@@ -1,0 +1,321 @@
+/**
+ * The multi-threaded front door end to end: real worker threads on a real port, real upstream
+ * servers, real sockets.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { after, afterEach, before, describe, it } from 'node:test';
+import { route, type RouterServer } from '../src/router/index.js';
+import { startNodes, type FakeNode } from './fixtures/fake-node.js';
+import { call, ranking, rpc } from './fixtures/http.js';
+
+async function frontOver(nodes: FakeNode[], options: { hedgeDelayMs?: number; healthIntervalMs?: number } = {}): Promise<RouterServer> {
+  return route({
+    nodes: nodes.map((n) => ({ id: n.id, url: n.url })),
+    port: 0,
+    host: '127.0.0.1',
+    threads: 2,
+    hedgeDelayMs: options.hedgeDelayMs ?? 50,
+    healthIntervalMs: options.healthIntervalMs ?? 100,
+  });
+}
+
+/** Waits for membership changes until `predicate` holds. */
+async function until(server: RouterServer, predicate: () => boolean): Promise<void> {
+  while (!predicate()) await once(server.membership, 'change');
+}
+
+function byId(nodes: FakeNode[], id: string): FakeNode {
+  const node = nodes.find((n) => n.id === id);
+  assert.ok(node, `no node ${id}`);
+  return node;
+}
+
+describe('front door: HTTP surface', () => {
+  let nodes: FakeNode[];
+  let server: RouterServer;
+  before(async () => {
+    nodes = await startNodes('node-a', 'node-b', 'node-c');
+    server = await frontOver(nodes, { hedgeDelayMs: 50, healthIntervalMs: 60_000 });
+  });
+  after(async () => {
+    await server.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+  afterEach(() => {
+    for (const n of nodes) {
+      n.behaviour = { kind: 'answer' };
+      n.received.length = 0;
+    }
+  });
+
+  it('answers 401 with a JSON reason when the board header is missing', async () => {
+    const reply = await call(`${server.url}/rpc/query.execute`, { method: 'POST', body: '{}' });
+    assert.equal(reply.status, 401);
+    assert.match(reply.json<{ error: string }>().error, /x-lakefront-board/);
+    assert.equal(nodes.reduce((s, n) => s + n.hits(), 0), 0, 'nothing was forwarded');
+  });
+
+  it('answers 404 {"error":"not found"} for anything else', async () => {
+    for (const [method, path] of [['GET', '/nope'], ['POST', '/health'], ['DELETE', '/']]) {
+      const reply = await call(`${server.url}${path}`, { method: method! });
+      assert.equal(reply.status, 404, `${method} ${path}`);
+      assert.deepEqual(reply.json(), { error: 'not found' });
+    }
+  });
+
+  it('reports health and a board\'s ranking', async () => {
+    const health = (await call(`${server.url}/health`)).json<{ ok: boolean; healthy: string[] }>();
+    assert.deepEqual(health, { ok: true, healthy: ['node-a', 'node-b', 'node-c'] });
+    const info = (await call(`${server.url}/route?board=b-1`)).json<{ board: string; ranking: { id: string; weight: number }[]; healthy: string[] }>();
+    assert.equal(info.board, 'b-1');
+    assert.deepEqual(info.ranking.map((r) => r.id).sort(), ['node-a', 'node-b', 'node-c']);
+    assert.ok(info.ranking.every((r) => r.weight === 1));
+    assert.deepEqual(server.router.route('b-1').map((n) => n.id), info.ranking.map((r) => r.id), 'the workers agree with the library');
+    assert.equal((await call(`${server.url}/route`)).status, 400);
+  });
+
+  it('proxies to the board\'s native node and passes status, content type, headers and body through', async () => {
+    const [native] = await ranking(server.url, 'board-7');
+    byId(nodes, native!).behaviour = {
+      kind: 'answer',
+      status: 418,
+      body: 'short and stout',
+      headers: { 'content-type': 'text/plain; charset=utf-8', 'x-extra': 'kept' },
+    };
+    const reply = await rpc(server.url, 'query.execute', 'board-7', { body: '{"sql":"select 1"}' });
+    assert.equal(reply.status, 418);
+    assert.equal(reply.text, 'short and stout');
+    assert.equal(reply.headers['content-type'], 'text/plain; charset=utf-8');
+    assert.equal(reply.headers['x-extra'], 'kept');
+    assert.equal(reply.headers['x-lakefront-served-by'], native);
+    assert.equal(reply.headers['x-lakefront-hedged'], '0');
+    const got = byId(nodes, native!).received[0]!;
+    assert.equal(got.method, 'POST');
+    assert.equal(got.path, '/rpc/query.execute');
+    assert.equal(got.body, '{"sql":"select 1"}');
+    assert.equal(got.headers['x-lakefront-board'], 'board-7');
+  });
+
+  it('forwards Authorization verbatim and drops hop-by-hop headers', async () => {
+    const [native] = await ranking(server.url, 'auth-board');
+    const secret = 'Bearer s3cr3t-t0k3n, "odd"  spacing';
+    await rpc(server.url, 'query.execute', 'auth-board', {
+      headers: { authorization: secret, 'x-custom': 'yes', 'proxy-authorization': 'Basic Zm9v', te: 'trailers' },
+    });
+    const headers = byId(nodes, native!).received[0]!.headers;
+    assert.equal(headers.authorization, secret);
+    assert.equal(headers['x-custom'], 'yes');
+    assert.equal(headers['proxy-authorization'], undefined);
+    assert.equal(headers.te, undefined);
+  });
+
+  it('keeps a query string and relays GET as a safe read', async () => {
+    const [native] = await ranking(server.url, 'get-board');
+    const reply = await call(`${server.url}/rpc/changes.read?since=42&x=%20`, { headers: { 'x-lakefront-board': 'get-board' } });
+    assert.equal(reply.status, 200);
+    assert.equal(byId(nodes, native!).received[0]!.path, '/rpc/changes.read?since=42&x=%20');
+    assert.equal(byId(nodes, native!).received[0]!.method, 'GET');
+  });
+
+  it('rejects a body over the limit with 413 and forwards nothing', async () => {
+    const reply = await rpc(server.url, 'query.execute', 'big', { body: 'x'.repeat(1024 * 1024 + 1) });
+    assert.equal(reply.status, 413);
+    assert.match(reply.json<{ error: string }>().error, /exceeds/);
+    assert.equal(nodes.reduce((s, n) => s + n.hits(), 0), 0);
+  });
+
+  it('hedges a slow primary\'s read to the runner-up, which answers; the primary is aborted', async () => {
+    const [primary, runnerUp] = await ranking(server.url, 'hedge-board');
+    const slow = byId(nodes, primary!);
+    slow.behaviour = { kind: 'answer', delayMs: 5_000 };
+    const abandoned = once(slow, 'abandoned');
+    const reply = await rpc(server.url, 'query.execute', 'hedge-board');
+    assert.equal(reply.status, 200);
+    assert.equal(reply.headers['x-lakefront-served-by'], runnerUp);
+    assert.equal(reply.headers['x-lakefront-hedged'], '1');
+    assert.equal(reply.json<{ node: string }>().node, runnerUp);
+    await abandoned; // the loser's connection was closed, not left to run
+    assert.equal(slow.hits(), 1);
+    assert.equal(byId(nodes, runnerUp!).hits(), 1);
+  });
+
+  it('sends a bare write to a slow node exactly once, to exactly one node', async () => {
+    const [primary] = await ranking(server.url, 'write-board');
+    byId(nodes, primary!).behaviour = { kind: 'answer', delayMs: 400 }; // eight hedge delays
+    const reply = await rpc(server.url, 'board.append', 'write-board', { body: '{"row":1}' });
+    assert.equal(reply.status, 200);
+    assert.equal(reply.headers['x-lakefront-served-by'], primary);
+    assert.equal(reply.headers['x-lakefront-hedged'], '0');
+    for (const n of nodes) assert.equal(n.hits(), n.id === primary ? 1 : 0, `${n.id} saw the write ${n.hits()} times`);
+  });
+
+  it('tells the caller a failed bare write may or may not have landed, and never resends it', async () => {
+    const [primary] = await ranking(server.url, 'lost-write');
+    byId(nodes, primary!).behaviour = { kind: 'reset' };
+    const reply = await rpc(server.url, 'board.append', 'lost-write');
+    assert.equal(reply.status, 502);
+    const body = reply.json<{ code: string; error: string; attempted: string[] }>();
+    assert.equal(body.code, 'LF_ERR_OUTCOME_UNKNOWN');
+    assert.match(body.error, /may or may not/);
+    assert.deepEqual(body.attempted, [primary]);
+    for (const n of nodes) assert.equal(n.hits(), n.id === primary ? 1 : 0);
+  });
+
+  it('hedges a keyed write (x-lakefront-idempotent: 1)', async () => {
+    const [primary, runnerUp] = await ranking(server.url, 'keyed-board');
+    byId(nodes, primary!).behaviour = { kind: 'answer', delayMs: 5_000 };
+    const reply = await rpc(server.url, 'board.append', 'keyed-board', { headers: { 'x-lakefront-idempotent': '1' } });
+    assert.equal(reply.status, 200);
+    assert.equal(reply.headers['x-lakefront-hedged'], '1');
+    assert.equal(reply.headers['x-lakefront-served-by'], runnerUp);
+  });
+
+  it('fails a read over down the ranking, in ranking order', async () => {
+    const order = await ranking(server.url, 'failover-board');
+    byId(nodes, order[0]!).behaviour = { kind: 'reset' };
+    byId(nodes, order[1]!).behaviour = { kind: 'answer', status: 503 };
+    const reply = await rpc(server.url, 'query.execute', 'failover-board');
+    assert.equal(reply.status, 200);
+    assert.equal(reply.headers['x-lakefront-served-by'], order[2]);
+    const arrivals = order.map((id) => byId(nodes, id).received[0]!.at);
+    assert.ok(arrivals[0]! < arrivals[1]! && arrivals[1]! < arrivals[2]!, `arrivals out of ranking order: ${arrivals}`);
+  });
+
+  it('answers 502 when a retryable request exhausts every candidate', async () => {
+    for (const n of nodes) n.behaviour = { kind: 'reset' };
+    const reply = await rpc(server.url, 'query.execute', 'doomed-board');
+    assert.equal(reply.status, 502);
+    const body = reply.json<{ code: string; attempted: string[] }>();
+    assert.equal(body.code, 'LF_ERR_ALL_CANDIDATES_FAILED');
+    assert.deepEqual(body.attempted, await ranking(server.url, 'doomed-board'));
+    for (const n of nodes) assert.equal(n.hits(), 1);
+  });
+
+  it('agrees with a second, independent front door on every ranking', async () => {
+    const other = await frontOver(nodes, { healthIntervalMs: 60_000 });
+    try {
+      for (let i = 0; i < 40; i++) {
+        const board = `agree-${i}`;
+        assert.deepEqual(await ranking(other.url, board), await ranking(server.url, board), board);
+      }
+    } finally {
+      await other.stop();
+    }
+  });
+
+  it('reports whole-process counters and per-node latency from any worker', async () => {
+    const before = (await call(`${server.url}/stats`, { fresh: true })).json<{ requests: number }>().requests;
+    const sent = 30;
+    const replies = await Promise.all(
+      Array.from({ length: sent }, (_, i) => rpc(server.url, 'query.execute', `stats-${i}`, { fresh: true })),
+    );
+    assert.ok(replies.every((r) => r.status === 200));
+    // Ask several times over fresh connections, so different workers answer.
+    for (let i = 0; i < 6; i++) {
+      const stats = (await call(`${server.url}/stats`, { fresh: true })).json<{
+        requests: number;
+        healthy: string[];
+        nodes: Record<string, { attempts: number; wins: number; latencyUs: { count: number; p50: number; p99: number; p999: number } }>;
+      }>();
+      assert.equal(stats.requests - before, sent);
+      assert.deepEqual(stats.healthy, ['node-a', 'node-b', 'node-c']);
+      const served = Object.values(stats.nodes);
+      assert.ok(served.reduce((s, n) => s + n.attempts, 0) >= sent);
+      for (const node of served) {
+        if (node.wins === 0) continue;
+        assert.ok(node.latencyUs.count > 0 && node.latencyUs.p50 > 0 && node.latencyUs.p999 >= node.latencyUs.p50);
+      }
+    }
+  });
+});
+
+describe('front door: membership and health', () => {
+  let nodes: FakeNode[];
+  let server: RouterServer;
+  before(async () => {
+    nodes = await startNodes('h-a', 'h-b', 'h-c');
+    server = await frontOver(nodes, { healthIntervalMs: 50 });
+  });
+  after(async () => {
+    await server.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  it('drops a node that stops answering /health from every ranking, and takes it back', async () => {
+    const board = 'health-board';
+    const [native] = await ranking(server.url, board);
+    const node = byId(nodes, native!);
+    node.healthy = false;
+    await until(server, () => !server.membership.healthyIds().includes(native!));
+    assert.ok(!(await ranking(server.url, board)).includes(native!));
+    const moved = await rpc(server.url, 'query.execute', board);
+    assert.notEqual(moved.headers['x-lakefront-served-by'], native);
+    assert.deepEqual((await call(`${server.url}/health`)).json<{ healthy: string[] }>().healthy.includes(native!), false);
+
+    node.healthy = true;
+    await until(server, () => server.membership.healthyIds().includes(native!));
+    assert.equal((await ranking(server.url, board))[0], native);
+    assert.equal((await rpc(server.url, 'query.execute', board)).headers['x-lakefront-served-by'], native);
+  });
+
+  it('answers 503 when no node is healthy', async () => {
+    for (const n of nodes) n.healthy = false;
+    await until(server, () => server.membership.healthyIds().length === 0);
+    const forwardedBefore = nodes.reduce((s, n) => s + n.hits(), 0);
+    const reply = await rpc(server.url, 'query.execute', 'any-board');
+    assert.equal(reply.status, 503);
+    assert.equal(reply.json<{ code: string }>().code, 'LF_ERR_NO_HEALTHY_NODE');
+    assert.equal(nodes.reduce((s, n) => s + n.hits(), 0), forwardedBefore, 'nothing was forwarded');
+    for (const n of nodes) n.healthy = true;
+    await until(server, () => server.membership.healthyIds().length === 3);
+    assert.equal((await rpc(server.url, 'query.execute', 'any-board')).status, 200);
+  });
+
+  it('marks a node that refuses connections unhealthy at once, before its next probe', async () => {
+    const slowPolls = await startNodes('r-a', 'r-b');
+    const front = await frontOver(slowPolls, { healthIntervalMs: 60_000 });
+    try {
+      const [native, other] = await ranking(front.url, 'refused');
+      await byId(slowPolls, native!).stop();
+      const reply = await rpc(front.url, 'query.execute', 'refused');
+      assert.equal(reply.status, 200);
+      assert.equal(reply.headers['x-lakefront-served-by'], other);
+      await until(front, () => !front.membership.healthyIds().includes(native!));
+      assert.deepEqual(await ranking(front.url, 'refused'), [other]);
+    } finally {
+      await front.stop();
+      await Promise.all(slowPolls.map((n) => n.stop().catch(() => undefined)));
+    }
+  });
+});
+
+describe('front door: workers', () => {
+  let nodes: FakeNode[];
+  let server: RouterServer;
+  before(async () => {
+    nodes = await startNodes('w-a', 'w-b');
+    server = await frontOver(nodes, { healthIntervalMs: 60_000 });
+  });
+  after(async () => {
+    await server.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  it('replaces a worker that dies while the other keeps serving', async () => {
+    const door = server.frontDoor;
+    assert.deepEqual(door.workerSlots.sort(), [1, 2]);
+    const exited = once(door, 'worker-exit');
+    const replaced = once(door, 'worker-replaced');
+    door.crashWorker(1);
+    const [slot, code] = (await exited) as [number, number];
+    assert.equal(slot, 1);
+    assert.equal(code, 70);
+    // While slot 1 is down, new connections still get answers (from slot 2).
+    for (let i = 0; i < 10; i++) assert.equal((await rpc(server.url, 'query.execute', `during-${i}`, { fresh: true })).status, 200);
+    await replaced;
+    assert.deepEqual(door.workerSlots.sort(), [1, 2]);
+    const replies = await Promise.all(Array.from({ length: 20 }, (_, i) => rpc(server.url, 'query.execute', `after-${i}`, { fresh: true })));
+    assert.ok(replies.every((r) => r.status === 200));
+  });
+});

@@ -1,0 +1,59 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { LatencyWindow } from '../src/router/index.js';
+import { SampleWindow } from '../src/forward/latency.js';
+
+describe('LatencyWindow', () => {
+  it('has no percentile until a node has 8 samples', () => {
+    const w = new LatencyWindow();
+    for (let i = 1; i <= 7; i++) {
+      w.record('a', i);
+      assert.equal(w.percentile('a', 95), undefined);
+    }
+    w.record('a', 8);
+    assert.equal(w.count('a'), 8);
+    assert.equal(w.percentile('a', 95), 8);
+    assert.equal(w.percentile('a', 50), 4);
+    assert.equal(w.percentile('never-seen', 95), undefined);
+    assert.equal(w.count('never-seen'), 0);
+  });
+
+  it('keeps the last 128 samples only', () => {
+    const w = new LatencyWindow();
+    for (let i = 0; i < 128; i++) w.record('a', 1000);
+    for (let i = 1; i <= 128; i++) w.record('a', i);
+    assert.equal(w.count('a'), 128);
+    // Nearest rank: p95 of 1..128 is the 122nd value.
+    assert.equal(w.percentile('a', 95), 122);
+    assert.equal(w.percentile('a', 100), 128);
+  });
+
+  it('keeps nodes apart', () => {
+    const w = new LatencyWindow();
+    for (let i = 0; i < 10; i++) {
+      w.record('fast', 1);
+      w.record('slow', 100);
+    }
+    assert.equal(w.percentile('fast', 95), 1);
+    assert.equal(w.percentile('slow', 95), 100);
+  });
+});
+
+describe('SampleWindow.triggerMs (the hedge trigger)', () => {
+  it('falls back below 8 samples, then follows the p95 within a few samples', () => {
+    const s = new SampleWindow();
+    for (let i = 0; i < 7; i++) s.record(1);
+    assert.equal(s.triggerMs(95, 250), 250);
+    s.record(1);
+    assert.equal(s.triggerMs(95, 250), 1);
+    for (let i = 0; i < 128; i++) s.record(40);
+    assert.equal(s.triggerMs(95, 250), 40);
+  });
+
+  it('ignores negative and NaN samples', () => {
+    const s = new SampleWindow();
+    s.record(-1);
+    s.record(Number.NaN);
+    assert.equal(s.count, 0);
+  });
+});

@@ -1,0 +1,159 @@
+/**
+ * `lakefront/router` and `lakefront/contract` as a library user imports them (by package name,
+ * through the package's exports map).
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import * as contract from 'lakefront/contract';
+import { IDEMPOTENT_HEADER, IDEMPOTENT_PROCEDURES, Membership, Router, isIdempotentPath, isRetryable } from 'lakefront/router';
+import { startNodes, type FakeNode } from './fixtures/fake-node.js';
+
+describe('contract', () => {
+  it('names the idempotent procedures and the opt-in header', () => {
+    assert.equal(IDEMPOTENT_HEADER, 'x-lakefront-idempotent');
+    assert.deepEqual([...IDEMPOTENT_PROCEDURES].sort(), ['changes.read', 'node.stats', 'query.execute']);
+    assert.equal(contract.isRetryable, isRetryable, 're-exported, not copied');
+  });
+
+  const paths: [string, boolean][] = [
+    ['/rpc/query.execute', true],
+    ['/rpc/node.stats?x=1', true],
+    ['/rpc/changes.read', true],
+    ['/rpc/board.append', false],
+    ['/rpc/query.executeX', false],
+    ['/query.execute', false],
+    ['/rpc/', false],
+  ];
+  for (const [path, want] of paths) it(`isIdempotentPath(${path}) is ${want}`, () => assert.equal(isIdempotentPath(path), want));
+
+  it('isRetryable honours the header only when it is exactly "1"', () => {
+    assert.equal(isRetryable('/rpc/board.append'), false);
+    assert.equal(isRetryable('/rpc/board.append', new Headers({ [IDEMPOTENT_HEADER]: '1' })), true);
+    assert.equal(isRetryable('/rpc/board.append', new Headers({ [IDEMPOTENT_HEADER]: 'true' })), false);
+    assert.equal(isRetryable('/rpc/board.append', { [IDEMPOTENT_HEADER]: '1' }), true);
+    assert.equal(isRetryable('/rpc/query.execute', new Headers()), true);
+  });
+});
+
+describe('Membership', () => {
+  let nodes: FakeNode[];
+  before(async () => {
+    nodes = await startNodes('m-a', 'm-b');
+  });
+  after(async () => Promise.all(nodes.map((n) => n.stop())));
+
+  it('rejects duplicate ids and bad URLs', () => {
+    assert.throws(() => new Membership({ members: [{ id: 'a', url: 'http://x' }, { id: 'a', url: 'http://y' }] }), /duplicate node id "a"/);
+    assert.throws(() => new Membership({ members: [{ id: 'a', url: 'ftp://x' }] }), /bad URL/);
+    assert.throws(() => new Membership({ members: [] }), /at least one node/);
+  });
+
+  it('probes health, zeroes the weight of a failing member, and restores it', async () => {
+    const membership = new Membership({ members: nodes.map((n) => ({ id: n.id, url: n.url })), timeoutMs: 200 });
+    nodes[1]!.healthy = false;
+    await membership.probeOnce();
+    assert.deepEqual(membership.healthyIds(), ['m-a']);
+    assert.deepEqual(membership.nodes().map((n) => [n.id, n.weight]), [['m-a', 1], ['m-b', 0]]);
+    assert.equal(membership.all().length, 2);
+    nodes[1]!.healthy = true;
+    await membership.probeOnce();
+    assert.deepEqual(membership.healthyIds(), ['m-a', 'm-b']);
+  });
+
+  it('counts a member that does not answer within timeoutMs as unhealthy', async () => {
+    const membership = new Membership({ members: [{ id: 'ghost', url: 'http://127.0.0.1:9' }], timeoutMs: 100 });
+    await membership.probeOnce();
+    assert.deepEqual(membership.healthyIds(), []);
+  });
+
+  it('quantises capacity into the weight and keeps it apart from health', () => {
+    const membership = new Membership({ members: nodes.map((n) => ({ id: n.id, url: n.url })) });
+    membership.setCapacity('m-a', 1.7);
+    assert.equal(membership.nodes()[0]!.weight, 1.5);
+    membership.markUnhealthy('m-a');
+    assert.equal(membership.nodes()[0]!.weight, 0);
+    assert.throws(() => membership.setCapacity('nope', 1), /unknown member/);
+  });
+
+  it('polls on start() and stops on stop()', async () => {
+    const membership = new Membership({ members: [{ id: nodes[0]!.id, url: nodes[0]!.url }], intervalMs: 20 });
+    const before = nodes[0]!.healthProbes;
+    membership.start();
+    await nodes[0]!.nextProbe();
+    await nodes[0]!.nextProbe();
+    membership.stop();
+    assert.ok(nodes[0]!.healthProbes >= before + 2);
+  });
+});
+
+describe('Router (in process, over fetch)', () => {
+  let nodes: FakeNode[];
+  let router: Router;
+  before(async () => {
+    nodes = await startNodes('r-a', 'r-b', 'r-c');
+    router = new Router({ membership: new Membership({ members: nodes.map((n) => ({ id: n.id, url: n.url })) }), hedgeDelayMs: 40 });
+  });
+  after(async () => Promise.all(nodes.map((n) => n.stop())));
+  const node = (id: string): FakeNode => nodes.find((n) => n.id === id)!;
+
+  it('forwards to the native node and reports who served', async () => {
+    const [native] = router.route('lib-board');
+    const result = await router.forward('lib-board', '/rpc/query.execute', '{"a":1}', undefined, 'Bearer lib');
+    assert.equal(result.status, 200);
+    assert.equal(result.servedBy, native!.id);
+    assert.equal(result.hedged, false);
+    assert.deepEqual(result.attempted, [native!.id]);
+    assert.ok(result.latencyMs > 0);
+    const got = node(native!.id).received.at(-1)!;
+    assert.equal(got.headers.authorization, 'Bearer lib');
+    assert.equal(got.headers['x-lakefront-board'], 'lib-board');
+    assert.equal(got.body, '{"a":1}');
+  });
+
+  it('hedges a slow read and counts it', async () => {
+    const [primary, second] = router.route('lib-hedge');
+    node(primary!.id).behaviour = { kind: 'answer', delayMs: 3_000 };
+    const before = router.counters;
+    const result = await router.forward('lib-hedge', '/rpc/query.execute', '{}');
+    node(primary!.id).behaviour = { kind: 'answer' };
+    assert.equal(result.servedBy, second!.id);
+    assert.equal(result.hedged, true);
+    assert.deepEqual(result.attempted, [primary!.id, second!.id]);
+    const now = router.counters;
+    assert.equal(now.requests - before.requests, 1);
+    assert.equal(now.hedges - before.hedges, 1);
+    assert.equal(now.hedgeWins - before.hedgeWins, 1);
+  });
+
+  it('gives a bare write one attempt and says the outcome is unknown when it fails', async () => {
+    const [primary] = router.route('lib-write');
+    node(primary!.id).behaviour = { kind: 'reset' };
+    const hitsBefore = nodes.map((n) => n.hits());
+    const result = await router.forward('lib-write', '/rpc/board.append', '{}');
+    node(primary!.id).behaviour = { kind: 'answer' };
+    assert.equal(result.status, 502);
+    assert.equal(result.servedBy, '');
+    assert.match(result.body, /LF_ERR_OUTCOME_UNKNOWN/);
+    assert.deepEqual(result.attempted, [primary!.id]);
+    assert.equal(nodes.reduce((s, n, i) => s + n.hits() - hitsBefore[i]!, 0), 1);
+  });
+
+  it('fails a retryable write over when told it is retryable', async () => {
+    const [primary, second] = router.route('lib-keyed');
+    node(primary!.id).behaviour = { kind: 'reset' };
+    const before = router.counters.failovers;
+    const result = await router.forward('lib-keyed', '/rpc/board.append', '{}', true);
+    node(primary!.id).behaviour = { kind: 'answer' };
+    assert.equal(result.status, 200);
+    assert.equal(result.servedBy, second!.id);
+    assert.equal(router.counters.failovers - before, 1);
+  });
+
+  it('records latency samples per node for the hedge trigger', async () => {
+    const [native] = router.route('lib-latency');
+    const before = router.latency.count(native!.id);
+    for (let i = 0; i < 8; i++) await router.forward('lib-latency', '/rpc/query.execute', '{}');
+    assert.equal(router.latency.count(native!.id), Math.min(128, before + 8));
+    assert.ok(router.latency.percentile(native!.id, 95)! > 0);
+  });
+});

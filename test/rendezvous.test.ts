@@ -1,0 +1,197 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { RendezvousRanker } from '../src/hashing/rendezvous.js';
+import { WEIGHT_LEVELS, quantiseWeight, rank, score, type NodeInfo } from '../src/router/index.js';
+
+/**
+ * An independent XXH64 (BigInt, straight from the specification) so the README's description of
+ * the hash inputs is checked by a second implementation, not by the one under test.
+ */
+const M = (1n << 64n) - 1n;
+const P1 = 0x9e3779b185ebca87n;
+const P2 = 0xc2b2ae3d27d4eb4fn;
+const P3 = 0x165667b19e3779f9n;
+const P4 = 0x85ebca77c2b2ae63n;
+const P5 = 0x27d4eb2f165667c5n;
+const rotl = (x: bigint, r: bigint): bigint => ((x << r) | (x >> (64n - r))) & M;
+const round = (acc: bigint, input: bigint): bigint => (rotl((acc + input * P2) & M, 31n) * P1) & M;
+const merge = (acc: bigint, val: bigint): bigint => (((acc ^ round(0n, val)) * P1 + P4) & M);
+function referenceXxh64(bytes: Uint8Array, seed: bigint): bigint {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const len = bytes.length;
+  let p = 0;
+  let h: bigint;
+  if (len >= 32) {
+    let v1 = (seed + P1 + P2) & M;
+    let v2 = (seed + P2) & M;
+    let v3 = seed;
+    let v4 = (seed - P1) & M;
+    while (p + 32 <= len) {
+      v1 = round(v1, view.getBigUint64(p, true));
+      v2 = round(v2, view.getBigUint64(p + 8, true));
+      v3 = round(v3, view.getBigUint64(p + 16, true));
+      v4 = round(v4, view.getBigUint64(p + 24, true));
+      p += 32;
+    }
+    h = (rotl(v1, 1n) + rotl(v2, 7n) + rotl(v3, 12n) + rotl(v4, 18n)) & M;
+    h = merge(merge(merge(merge(h, v1), v2), v3), v4);
+  } else {
+    h = (seed + P5) & M;
+  }
+  h = (h + BigInt(len)) & M;
+  while (p + 8 <= len) {
+    h ^= round(0n, view.getBigUint64(p, true));
+    h = (rotl(h, 27n) * P1 + P4) & M;
+    p += 8;
+  }
+  if (p + 4 <= len) {
+    h ^= (BigInt(view.getUint32(p, true)) * P1) & M;
+    h = (rotl(h, 23n) * P2 + P3) & M;
+    p += 4;
+  }
+  while (p < len) {
+    h ^= (BigInt(bytes[p]!) * P5) & M;
+    h = (rotl(h, 11n) * P1) & M;
+    p++;
+  }
+  h ^= h >> 33n;
+  h = (h * P2) & M;
+  h ^= h >> 29n;
+  h = (h * P3) & M;
+  h ^= h >> 32n;
+  return h;
+}
+const utf8 = (s: string): Uint8Array => new TextEncoder().encode(s);
+function referenceScore(node: NodeInfo, board: string): number {
+  const seed = referenceXxh64(utf8(node.id), 0n);
+  const h = referenceXxh64(utf8(board), seed);
+  const u = (Number(h >> 12n) + 0.5) / 2 ** 52;
+  return -node.weight / Math.log(u);
+}
+
+const node = (id: string, weight = 1): NodeInfo => ({ id, url: `http://${id}.invalid`, weight });
+const boards = (count: number, prefix = 'board-'): string[] => Array.from({ length: count }, (_, i) => `${prefix}${i}`);
+
+describe('score', () => {
+  it('matches an independent XXH64 implementation of the documented inputs', () => {
+    const nodes = [node('node-a'), node('node-b', 2), node('ünïcødé-node', 0.5), node('n'.repeat(40), 1.5)];
+    // Short, exactly-32, long and multi-byte boards exercise every branch of XXH64.
+    const inputs = ['b', 'board-1', 'x'.repeat(32), 'long-board-id-'.repeat(5), 'ボード-7'];
+    for (const n of nodes) {
+      for (const b of inputs) assert.equal(score(n, b), referenceScore(n, b), `${n.id} / ${b}`);
+    }
+  });
+
+  it('scores weight <= 0 as -Infinity', () => {
+    assert.equal(score(node('a', 0), 'b'), -Infinity);
+    assert.equal(score(node('a', -1), 'b'), -Infinity);
+  });
+});
+
+describe('quantiseWeight', () => {
+  const cases: [number, number][] = [
+    [-3, 0], [0, 0], [Number.NaN, 0], [0.01, 0.25], [0.25, 0.25], [0.37, 0.25], [0.375, 0.5], [0.6, 0.5],
+    [0.8, 1], [1, 1], [1.2, 1], [1.25, 1.5], [1.6, 1.5], [1.8, 2], [2, 2], [7, 2],
+  ];
+  for (const [raw, want] of cases) {
+    it(`snaps ${raw} to ${want}`, () => assert.equal(quantiseWeight(raw), want));
+  }
+  it('only ever returns 0 or a level', () => {
+    for (let raw = -1; raw < 4; raw += 0.013) {
+      const q = quantiseWeight(raw);
+      assert.ok(q === 0 || WEIGHT_LEVELS.includes(q), `${raw} -> ${q}`);
+    }
+  });
+});
+
+describe('rank', () => {
+  it('selects each node in proportion to its weight (chi-square, 40,000 boards)', () => {
+    const nodes = [node('a', 1), node('b', 2), node('c', 0.5), node('d', 1.5), node('e', 0.25)];
+    const total = nodes.reduce((s, n) => s + n.weight, 0);
+    const counts = new Map<string, number>();
+    const all = boards(40_000);
+    for (const b of all) {
+      const head = rank(nodes, b)[0]!.id;
+      counts.set(head, (counts.get(head) ?? 0) + 1);
+    }
+    let chi = 0;
+    for (const n of nodes) {
+      const expected = (all.length * n.weight) / total;
+      const got = counts.get(n.id) ?? 0;
+      chi += (got - expected) ** 2 / expected;
+    }
+    // 4 degrees of freedom: P(chi2 > 18.47) = 0.001. The hash is fixed, so this cannot flake.
+    assert.ok(chi < 18.47, `chi-square ${chi.toFixed(2)} with counts ${JSON.stringify([...counts])}`);
+  });
+
+  it('moves only the boards native to a departed node, spread over the survivors', () => {
+    const nodes = ['a', 'b', 'c', 'd', 'e'].map((id) => node(id));
+    const survivors = nodes.filter((n) => n.id !== 'c');
+    const moved = new Map<string, number>();
+    let native = 0;
+    for (const b of boards(20_000)) {
+      const before = rank(nodes, b)[0]!.id;
+      const after = rank(survivors, b)[0]!.id;
+      if (before !== 'c') {
+        assert.equal(after, before, `board ${b} moved although its node stayed`);
+      } else {
+        native++;
+        moved.set(after, (moved.get(after) ?? 0) + 1);
+        // It lands on its own runner-up: the order every router already agreed on.
+        assert.equal(after, rank(nodes, b)[1]!.id);
+      }
+    }
+    assert.ok(native > 3000, `expected about a fifth of the boards native to c, got ${native}`);
+    assert.equal(moved.size, 4, 'every survivor takes some of the departed node\'s boards');
+    for (const [id, count] of moved) {
+      assert.ok(count > native / 4 / 1.5 && count < (native / 4) * 1.5, `${id} took ${count} of ${native}`);
+    }
+  });
+
+  it('weight 0 removes a node without changing anyone else\'s order', () => {
+    const full = ['a', 'b', 'c', 'd'].map((id) => node(id));
+    const zeroed = full.map((n) => (n.id === 'b' ? node('b', 0) : n));
+    for (const b of boards(2_000)) {
+      const withoutB = rank(full, b).filter((n) => n.id !== 'b').map((n) => n.id);
+      assert.deepEqual(rank(zeroed, b).map((n) => n.id), withoutB);
+    }
+  });
+
+  it('returns every eligible node exactly once, best first', () => {
+    const nodes = [node('a'), node('b', 0), node('c', 2), node('d', 0.5)];
+    for (const b of boards(500)) {
+      const ranking = rank(nodes, b);
+      assert.deepEqual(ranking.map((n) => n.id).sort(), ['a', 'c', 'd']);
+      for (let i = 1; i < ranking.length; i++) assert.ok(score(ranking[i - 1]!, b) >= score(ranking[i]!, b));
+    }
+  });
+
+  it('breaks score ties by id', () => {
+    // Infinite weights score +Infinity for every board: only the tie-break can order them.
+    const tied = [node('c', Infinity), node('a', Infinity), node('b', Infinity), node('z', 1)];
+    for (const b of boards(50)) assert.deepEqual(rank(tied, b).map((n) => n.id), ['a', 'b', 'c', 'z']);
+  });
+});
+
+describe('RendezvousRanker (the hot-path form)', () => {
+  it('agrees with rank() on every board', () => {
+    const nodes = [node('a', 1), node('b', 0), node('c', 2), node('d', 0.5), node('e', 1.5)];
+    const ranker = new RendezvousRanker(nodes.map((n) => n.id), nodes.map((n) => n.weight));
+    const out = new Int32Array(nodes.length);
+    assert.equal(ranker.eligible, 4);
+    for (const b of boards(3_000)) {
+      const count = ranker.rankInto(b, out);
+      assert.deepEqual(Array.from(out.subarray(0, count), (i) => nodes[i]!.id), rank(nodes, b).map((n) => n.id));
+    }
+  });
+
+  it('breaks ties by lexical id order', () => {
+    const ids = ['c', 'a', 'b', 'z'];
+    const ranker = new RendezvousRanker(ids, [Infinity, Infinity, Infinity, 1]);
+    const out = new Int32Array(ids.length);
+    for (const b of boards(50)) {
+      const count = ranker.rankInto(b, out);
+      assert.deepEqual(Array.from(out.subarray(0, count), (i) => ids[i]), ['a', 'b', 'c', 'z']);
+    }
+  });
+});
