@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { EventEmitter } from 'node:events';
 import { describe, it } from 'node:test';
 import { ErrorCodes } from '../src/errors.js';
+import { HedgeBudget } from '../src/forward/budget.js';
 import { Exchange, type ExchangeDriver } from '../src/forward/exchange.js';
 
 interface Started {
@@ -16,10 +17,17 @@ class ScriptedDriver extends EventEmitter implements ExchangeDriver {
   readonly tally = { hedges: 0, hedgeWins: 0, failovers: 0 };
   readonly counters = {
     hedge: () => void this.tally.hedges++,
+    hedgeDenied: () => void this.denied++,
     hedgeWin: () => void this.tally.hedgeWins++,
     failover: () => void this.tally.failovers++,
   };
   settledWith: Exchange | null = null;
+  denied = 0;
+  /** What the hedge budget answers. */
+  budgetAllows = true;
+  allowHedge(): boolean {
+    return this.budgetAllows;
+  }
   constructor(readonly delayMs = 5) {
     super();
   }
@@ -102,6 +110,20 @@ describe('Exchange', () => {
     assert.equal(ex.servedBy, 0);
     assert.equal(driver.started[1]!.aborted, true);
     assert.deepEqual(driver.tally, { hedges: 1, hedgeWins: 0, failovers: 0 });
+  });
+
+  it('does not hedge when the hedge budget is spent', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(5);
+    driver.budgetAllows = false;
+    const ex = exchangeOver(driver, [0, 1], true);
+    ex.begin();
+    t.mock.timers.tick(1_000);
+    assert.equal(driver.started.length, 1);
+    assert.equal(driver.denied, 1);
+    assert.equal(ex.hedged, false);
+    ex.answered(0, 200, null, body, 900);
+    assert.equal(ex.servedBy, 0);
   });
 
   it('fires at most one hedge', (t) => {
@@ -204,5 +226,27 @@ describe('Exchange', () => {
     assert.ok(driver.started.every((s) => s.aborted));
     ex.answered(0, 200, null, body, 1);
     assert.equal(driver.settledWith, null);
+  });
+});
+
+describe('HedgeBudget', () => {
+  it('allows a burst, then about one hedge per 1/percent requests', () => {
+    const budget = new HedgeBudget(10, 3);
+    let allowed = 0;
+    for (let i = 0; i < 5; i++) if (budget.spend()) allowed++;
+    assert.equal(allowed, 3, 'the saved burst');
+    allowed = 0;
+    for (let i = 0; i < 1000; i++) {
+      budget.deposit();
+      if (budget.spend()) allowed++;
+    }
+    assert.ok(allowed >= 99 && allowed <= 100, `${allowed} hedges in 1000 requests at 10%`);
+  });
+
+  it('at 0% never hedges once the burst is spent', () => {
+    const budget = new HedgeBudget(0, 1);
+    assert.equal(budget.spend(), true);
+    for (let i = 0; i < 100; i++) budget.deposit();
+    assert.equal(budget.spend(), false);
   });
 });

@@ -31,11 +31,14 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'threads', env: 'LAKEFRONT_THREADS', value: 'n', help: 'data-plane worker threads [one per core]' },
   { flag: 'hedge-ms', env: 'LAKEFRONT_HEDGE_MS', value: 'ms', help: 'hedge delay before a node has 8 latency samples [250]' },
   { flag: 'hedge-percentile', env: 'LAKEFRONT_HEDGE_PERCENTILE', value: 'p', help: "percentile of a node's own latency that triggers a hedge [95]" },
+  { flag: 'hedge-budget-percent', env: 'LAKEFRONT_HEDGE_BUDGET_PERCENT', value: 'p', help: 'hedges may not exceed this share of retryable requests [10]' },
   { flag: 'health-interval-ms', env: 'LAKEFRONT_HEALTH_INTERVAL_MS', value: 'ms', help: 'health-poll interval [1000]' },
   { flag: 'health-timeout-ms', env: 'LAKEFRONT_HEALTH_TIMEOUT_MS', value: 'ms', help: 'health-probe deadline [500]' },
   { flag: 'request-timeout-ms', env: 'LAKEFRONT_REQUEST_TIMEOUT_MS', value: 'ms', help: 'an attempt slower than this fails [10000]' },
   { flag: 'max-body-bytes', env: 'LAKEFRONT_MAX_BODY_BYTES', value: 'n', help: 'largest request body accepted [1048576]' },
+  { flag: 'upstream-client', env: 'LAKEFRONT_UPSTREAM_CLIENT', value: 'h1|undici', help: 'upstream HTTP client [h1]' },
   { flag: 'upstream-connections', env: 'LAKEFRONT_UPSTREAM_CONNECTIONS', value: 'n', help: 'keep-alive connections per node, per thread [64]' },
+  { flag: 'cancel-grace-ms', env: 'LAKEFRONT_CANCEL_GRACE_MS', value: 'ms', help: 'a hedge loser may finish this long before its connection is closed [250]' },
   { flag: 'drain-timeout-ms', env: 'LAKEFRONT_DRAIN_TIMEOUT_MS', value: 'ms', help: 'on SIGTERM/SIGINT, wait this long for in-flight requests [10000]' },
 ];
 
@@ -72,6 +75,11 @@ function decimal(raw: string, source: string, min: number, max: number): number 
   if (raw.trim() === '' || !Number.isFinite(value)) throw new ConfigError(`${source}: not a number: ${JSON.stringify(raw)}`);
   if (value < min || value > max) throw new ConfigError(`${source}: ${value} is out of range ${min}..${max}`);
   return value;
+}
+
+function upstreamClient(raw: string, source: string): 'h1' | 'undici' {
+  if (raw !== 'h1' && raw !== 'undici') throw new ConfigError(`${source}: must be h1 or undici, got ${JSON.stringify(raw)}`);
+  return raw;
 }
 
 /** Parses the command line and environment into a command. Throws ConfigError on a bad value. */
@@ -116,6 +124,8 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   const host = hostRaw ? hostRaw[0].trim() : demo ? '127.0.0.1' : DEFAULT_HOST;
   if (host === '' || /\s/.test(host)) throw new ConfigError(`${hostRaw?.[1] ?? 'host'}: bad address ${JSON.stringify(host)}`);
   const percentileRaw = read('hedge-percentile');
+  const budgetRaw = read('hedge-budget-percent');
+  const clientRaw = read('upstream-client');
 
   const config: FrontDoorConfig = {
     host,
@@ -128,9 +138,12 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     settings: defaultSettings({
       hedgeDelayMs: opt('hedge-ms', 0, 600_000),
       hedgeAfterPercentile: percentileRaw ? decimal(percentileRaw[0], percentileRaw[1], 1, 100) : undefined,
+      hedgeBudgetPercent: budgetRaw ? decimal(budgetRaw[0], budgetRaw[1], 0, 100) : undefined,
       requestTimeoutMs: opt('request-timeout-ms', 1, 3_600_000),
       maxBodyBytes: opt('max-body-bytes', 0, 1024 * 1024 * 1024),
+      upstreamClient: clientRaw ? upstreamClient(clientRaw[0], clientRaw[1]) : undefined,
       upstreamConnections: opt('upstream-connections', 1, 100_000),
+      cancelGraceMs: opt('cancel-grace-ms', 0, 600_000),
       drainTimeoutMs: opt('drain-timeout-ms', 0, 3_600_000),
     }),
   };

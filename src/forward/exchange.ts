@@ -6,8 +6,8 @@
  * Rules (seed 000):
  * - The primary is the head of the ranking.
  * - A retryable request hedges to the next candidate when the current primary has not answered by
- *   its hedge trigger (its own p95, or the configured delay); the first good answer wins and
- *   every other attempt is aborted.
+ *   its hedge trigger (its own p95, or the configured delay) and the hedge budget allows; the
+ *   first good answer wins and every other attempt is cancelled.
  * - A retryable request fails over down the whole ranking when an attempt fails and no other
  *   attempt is still running; when every candidate has failed it settles as
  *   `ALL_CANDIDATES_FAILED` (502). At most one hedge fires per request.
@@ -28,6 +28,8 @@ export interface AttemptHandle {
 /** Counters an exchange bumps. Implementations decide where they live (shared memory, plain). */
 export interface ExchangeCounters {
   hedge(): void;
+  /** A hedge was due but the hedge budget was spent. */
+  hedgeDenied(): void;
   hedgeWin(): void;
   failover(): void;
 }
@@ -35,6 +37,8 @@ export interface ExchangeCounters {
 export interface ExchangeDriver {
   /** Start one attempt of `exchange` at cluster node `node`; it reports through the exchange. */
   startAttempt(exchange: Exchange, node: number, ordinal: number): AttemptHandle;
+  /** Whether a hedge may fire now (the hedge budget); spends from it when it says yes. */
+  allowHedge(): boolean;
   /** Hedge trigger in milliseconds for `exchange`, whose current primary is `node`. */
   hedgeDelayMs(exchange: Exchange, node: number): number;
   /** Called exactly once when the exchange settles (answer or failure). */
@@ -201,6 +205,10 @@ export class Exchange {
   fireHedge(): void {
     this.hedgeTimer = null;
     if (this.done || this.hedged || this.launched >= this.count) return;
+    if (!this.driver.allowHedge()) {
+      this.driver.counters.hedgeDenied();
+      return;
+    }
     this.hedged = true;
     this.driver.counters.hedge();
     this.launch();

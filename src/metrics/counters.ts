@@ -14,7 +14,8 @@
  *  2              hedgeWins      requests answered by the hedge rather than the primary
  *  3              failovers      attempts started because an earlier one failed
  *  4              rejected       requests answered 4xx/503 by the front door itself
- *  5 .. 7         reserved
+ *  5              hedgesDenied   hedges that were due but the hedge budget was spent
+ *  6 .. 7         reserved
  *  8 + 4n + 0     node n: attempts started
  *  8 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
  *  8 + 4n + 2     node n: attempts in flight (up on start, down on end)
@@ -27,6 +28,7 @@ export const C_HEDGES = 1;
 export const C_HEDGE_WINS = 2;
 export const C_FAILOVERS = 3;
 export const C_REJECTED = 4;
+export const C_HEDGES_DENIED = 5;
 const SLOT_HEADER = 8;
 const PER_NODE = 4;
 export const N_ATTEMPTS = 0;
@@ -50,6 +52,7 @@ export interface CounterTotals {
   hedgeWins: number;
   failovers: number;
   rejected: number;
+  hedgesDenied: number;
   nodes: { attempts: number; failures: number; inflight: number; wins: number }[];
 }
 
@@ -107,6 +110,7 @@ export function readTotals(buffer: SharedArrayBuffer, slots: number, nodeCount: 
     hedgeWins: sum(C_HEDGE_WINS),
     failovers: sum(C_FAILOVERS),
     rejected: sum(C_REJECTED),
+    hedgesDenied: sum(C_HEDGES_DENIED),
     nodes,
   };
 }

@@ -7,13 +7,15 @@ import { BOARD_HEADER, isIdempotentPath } from '../contract.js';
 import { ErrorCodes } from '../errors.js';
 import { rank, type NodeInfo } from '../hashing/rendezvous.js';
 import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDriver } from '../forward/exchange.js';
+import { HedgeBudget } from '../forward/budget.js';
 import { LatencyWindow } from '../forward/latency.js';
 import type { Membership } from '../membership/membership.js';
-import { C_FAILOVERS, C_HEDGES, C_HEDGE_WINS, C_REQUESTS, type CounterSlot } from '../metrics/counters.js';
+import { C_FAILOVERS, C_HEDGES, C_HEDGES_DENIED, C_HEDGE_WINS, C_REQUESTS, type CounterSlot } from '../metrics/counters.js';
 
 export const DEFAULT_HEDGE_DELAY_MS = 250;
 export const DEFAULT_HEDGE_PERCENTILE = 95;
 export const DEFAULT_REQUEST_TIMEOUT_MS = 10_000;
+export const DEFAULT_HEDGE_BUDGET_PERCENT = 10;
 
 export interface RouterOptions {
   readonly membership: Membership;
@@ -23,6 +25,8 @@ export interface RouterOptions {
   readonly hedgeAfterPercentile?: number;
   /** An attempt that takes longer counts as failed. Default 10,000. */
   readonly requestTimeoutMs?: number;
+  /** Hedges may not exceed this share of retryable requests. Default 10. */
+  readonly hedgeBudgetPercent?: number;
   readonly fetch?: typeof globalThis.fetch;
 }
 
@@ -70,6 +74,7 @@ export class Router {
   private readonly local = { requests: 0, hedges: 0, hedgeWins: 0, failovers: 0 };
   private readonly shared: SharedCounters | undefined;
   private readonly driver: ExchangeDriver;
+  private readonly budget: HedgeBudget;
 
   constructor(options: RouterOptions, shared?: SharedCounters) {
     this.membership = options.membership;
@@ -80,6 +85,9 @@ export class Router {
     }
     this.requestTimeoutMs = nonNegative(options.requestTimeoutMs, DEFAULT_REQUEST_TIMEOUT_MS, 'requestTimeoutMs');
     this.fetchImpl = options.fetch ?? globalThis.fetch;
+    const budgetPercent = options.hedgeBudgetPercent ?? DEFAULT_HEDGE_BUDGET_PERCENT;
+    if (!(budgetPercent >= 0 && budgetPercent <= 100)) throw new RangeError(`hedgeBudgetPercent must be in [0, 100], got ${budgetPercent}`);
+    this.budget = new HedgeBudget(budgetPercent);
     this.shared = shared;
     this.driver = this.makeDriver();
   }
@@ -116,6 +124,7 @@ export class Router {
       for (let i = 0; i < exchange.count; i++) exchange.candidates[i] = i;
       exchange.retryable = retryable;
       exchange.hedgeEnabled = retryable;
+      if (retryable) this.budget.deposit();
       const context: ForwardContext = { nodes, path, body, headers, startedAt: performance.now(), resolve };
       exchange.context = context;
       exchange.begin();
@@ -131,11 +140,13 @@ export class Router {
     const router = this;
     const counters: ExchangeCounters = {
       hedge: () => router.bump('hedges', C_HEDGES),
+      hedgeDenied: () => router.shared?.slot.bump(C_HEDGES_DENIED),
       hedgeWin: () => router.bump('hedgeWins', C_HEDGE_WINS),
       failover: () => router.bump('failovers', C_FAILOVERS),
     };
     return {
       counters,
+      allowHedge: () => router.budget.spend(),
       hedgeDelayMs(exchange: Exchange, node: number): number {
         const id = (exchange.context as ForwardContext).nodes[node]!.id;
         return router.latency.windowFor(id).triggerMs(router.hedgeAfterPercentile, router.hedgeDelayMs);

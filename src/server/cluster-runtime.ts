@@ -2,12 +2,13 @@
  * A worker's per-cluster runtime: the cluster's policy, one undici pool per node, per-node latency
  * windows (the hedge trigger) and the exchange driver that ties them together.
  */
-import type { Dispatcher, Pool } from 'undici';
 import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDriver } from '../forward/exchange.js';
+import { HedgeBudget } from '../forward/budget.js';
 import { SampleWindow } from '../forward/latency.js';
-import { DispatchAttempt, createPool, type AttemptObserver } from '../forward/upstream.js';
+import type { H1Agent } from '../forward/h1.js';
+import { createTransport, type AttemptObserver, type NodeTransport, type UpstreamRequest } from '../forward/upstream.js';
 import { FLAG_ENABLED, FLAG_HEALTHY, type NodeRow } from '../membership/table.js';
-import { C_FAILOVERS, C_HEDGES, C_HEDGE_WINS, N_ATTEMPTS, N_FAILURES, N_INFLIGHT, N_WINS, type CounterSlot } from '../metrics/counters.js';
+import { C_FAILOVERS, C_HEDGES, C_HEDGES_DENIED, C_HEDGE_WINS, N_ATTEMPTS, N_FAILURES, N_INFLIGHT, N_WINS, type CounterSlot } from '../metrics/counters.js';
 import type { NodeHistograms } from '../metrics/histograms.js';
 import { RendezvousPolicy } from '../policies/rendezvous.js';
 import type { ClusterView, Policy } from '../policies/types.js';
@@ -15,7 +16,7 @@ import type { ClusterSpec, DataPlaneSettings, NodeSpec, PolicyName } from './pro
 
 /** What an exchange's context must offer the runtime. */
 export interface ProxiedRequest {
-  readonly dispatchOptions: Dispatcher.DispatchOptions;
+  readonly upstream: UpstreamRequest;
   settled(exchange: Exchange, runtime: ClusterRuntime): void;
 }
 
@@ -37,7 +38,9 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   readonly windows: SampleWindow[];
   readonly counters: ExchangeCounters;
   readonly view: ClusterView;
-  private readonly pools: Pool[];
+  /** Shared by every route on this cluster, in this worker. */
+  readonly hedgeBudget: HedgeBudget;
+  private readonly transports: NodeTransport[];
   private readonly policies = new Map<PolicyName, Policy>();
   private readonly lastRefusedAt: Float64Array;
 
@@ -48,15 +51,20 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
     private readonly slot: CounterSlot,
     private readonly histograms: NodeHistograms,
     private readonly onRefused: (globalNode: number) => void,
+    agent: H1Agent,
   ) {
     this.name = spec.name;
     this.ids = spec.nodes.map((g) => nodes[g]!.id);
     this.globalIndex = Int32Array.from(spec.nodes);
-    this.pools = spec.nodes.map((g) =>
-      createPool(nodes[g]!.url, { connections: settings.upstreamConnections, requestTimeoutMs: settings.requestTimeoutMs }),
-    );
+    const transportOptions = {
+      connections: settings.upstreamConnections,
+      requestTimeoutMs: settings.requestTimeoutMs,
+      cancelGraceMs: settings.cancelGraceMs,
+    };
+    this.transports = spec.nodes.map((g) => createTransport(settings.upstreamClient, nodes[g]!.url, transportOptions, this, agent));
     this.windows = spec.nodes.map(() => new SampleWindow());
     this.lastRefusedAt = new Float64Array(spec.nodes.length);
+    this.hedgeBudget = new HedgeBudget(settings.hedgeBudgetPercent);
     this.view = {
       ids: this.ids,
       weights: new Float64Array(spec.nodes.length),
@@ -65,6 +73,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
     const slotRef = slot;
     this.counters = {
       hedge: () => slotRef.bump(C_HEDGES),
+      hedgeDenied: () => slotRef.bump(C_HEDGES_DENIED),
       hedgeWin: () => slotRef.bump(C_HEDGE_WINS),
       failover: () => slotRef.bump(C_FAILOVERS),
     };
@@ -99,6 +108,10 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
 
   // --- ExchangeDriver ---
 
+  allowHedge(): boolean {
+    return this.hedgeBudget.spend();
+  }
+
   hedgeDelayMs(_exchange: Exchange, node: number): number {
     return this.windows[node]!.triggerMs(this.settings.hedgeAfterPercentile, this.settings.hedgeDelayMs);
   }
@@ -107,8 +120,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
     const g = this.globalIndex[node]!;
     this.slot.bumpNode(g, N_ATTEMPTS);
     this.slot.bumpNode(g, N_INFLIGHT);
-    const request = exchange.context as ProxiedRequest;
-    return new DispatchAttempt(exchange, ordinal, node, this).start(this.pools[node]!, request.dispatchOptions);
+    return this.transports[node]!.attempt(exchange, ordinal, node, (exchange.context as ProxiedRequest).upstream);
   }
 
   settle(exchange: Exchange): void {
@@ -123,7 +135,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
     this.slot.dropNode(g, N_INFLIGHT);
     if (!ok) {
       this.slot.bumpNode(g, N_FAILURES);
-      if ((error as { code?: string } | null)?.code === 'ECONNREFUSED') {
+      if ((error as { code?: unknown } | null)?.code === 'ECONNREFUSED') {
         const now = performance.now();
         if (now - this.lastRefusedAt[node]! >= REFUSED_REPORT_GAP_MS) {
           this.lastRefusedAt[node] = now;
@@ -138,8 +150,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
     }
   }
 
-  /** Closes every pool: waits for running requests (close), or not at all (destroy). */
+  /** Closes every node's connections: after running requests (graceful), or at once. */
   async close(graceful: boolean): Promise<void> {
-    await Promise.all(this.pools.map((p) => (graceful ? p.close() : p.destroy()).catch(() => undefined)));
+    await Promise.all(this.transports.map((t) => t.close(graceful)));
   }
 }

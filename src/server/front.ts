@@ -7,7 +7,6 @@
  * written after the handler returned is written inside `res.cork`.
  */
 import { STATUS_CODES } from 'node:http';
-import type { Dispatcher } from 'undici';
 import type { HttpRequest, HttpResponse, TemplatedApp, us_listen_socket } from 'uWebSockets.js';
 import {
   DROPPED_REQUEST_HEADERS,
@@ -19,6 +18,8 @@ import {
 } from '../contract.js';
 import { ErrorCodes } from '../errors.js';
 import { Exchange } from '../forward/exchange.js';
+import { H1Agent, sweepPeriodMs } from '../forward/h1.js';
+import { UpstreamRequest } from '../forward/upstream.js';
 import { TableReader, type NodeRow } from '../membership/table.js';
 import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
 import { NodeHistograms } from '../metrics/histograms.js';
@@ -28,6 +29,7 @@ import { OP_READ, OP_WRITE, type RouteSpec, type WorkerInit } from './protocol.j
 import { loadUws, type Uws } from './uws.js';
 
 const MAX_KEY_LENGTH = 1024;
+const UNSAFE_VALUE = /[\r\n\0]/;
 
 const STATUS_LINES: string[] = [];
 for (const [code, text] of Object.entries(STATUS_CODES)) STATUS_LINES[Number(code)] = `${code} ${text}`;
@@ -98,7 +100,7 @@ class ProxyRequest implements ProxiedRequest {
   aborted = false;
   answered = false;
   exchange: Exchange | null = null;
-  readonly dispatchOptions: Dispatcher.DispatchOptions;
+  readonly upstream: UpstreamRequest;
   private body: Buffer | null = null;
   private chunks: Buffer[] | null = null;
   private received = 0;
@@ -115,14 +117,7 @@ class ProxyRequest implements ProxiedRequest {
     /** Declared content-length, or -1 when the body is chunked. */
     private readonly expected: number,
   ) {
-    this.dispatchOptions = {
-      path,
-      method: method as Dispatcher.HttpMethod,
-      headers,
-      body: null,
-      // Only safe methods may be retried inside undici's pipeline; our own failover is explicit.
-      idempotent: isSafeMethod(method),
-    };
+    this.upstream = new UpstreamRequest(method, path, headers, null);
   }
 
   onAborted(): void {
@@ -160,12 +155,13 @@ class ProxyRequest implements ProxiedRequest {
 
   start(): void {
     if (this.answered) return;
-    this.dispatchOptions.body = this.body;
+    this.upstream.body = this.body;
     const runtime = this.route.runtime;
     const exchange = new Exchange(runtime, runtime.size);
     exchange.context = this;
     exchange.retryable = this.retryable;
     exchange.hedgeEnabled = this.retryable;
+    if (this.retryable) runtime.hedgeBudget.deposit();
     const op = this.retryable ? OP_READ : OP_WRITE;
     exchange.count = this.route.policy.pick(this.key, op, exchange.candidates);
     this.exchange = exchange;
@@ -246,6 +242,7 @@ export class WorkerFront {
   private nextStatsId = 1;
   private drainWaiter: (() => void) | null = null;
   private readonly rankScratch: Int32Array;
+  private readonly agent: H1Agent;
 
   constructor(
     private readonly init: WorkerInit,
@@ -257,8 +254,9 @@ export class WorkerFront {
     this.table = new TableReader(init.table);
     this.rows = init.nodes.map(() => ({ weight: 0, flags: 0, region: -1, cluster: 0, ewmaUs: 0 }));
     this.histograms = new NodeHistograms(init.nodes.length);
+    this.agent = new H1Agent(sweepPeriodMs(init.settings.requestTimeoutMs));
     this.runtimes = init.clusters.map(
-      (spec) => new ClusterRuntime(spec, init.nodes, init.settings, this.slot, this.histograms, (g) => hooks.nodeRefused(g)),
+      (spec) => new ClusterRuntime(spec, init.nodes, init.settings, this.slot, this.histograms, (g) => hooks.nodeRefused(g), this.agent),
     );
     this.routes = init.routes.map((spec) => {
       const runtime = this.runtimes[spec.cluster]!;
@@ -322,6 +320,7 @@ export class WorkerFront {
     // upstream attempts.
     this.closeApp();
     await Promise.all(this.runtimes.map((r) => r.close(false)));
+    this.agent.close(true);
     this.histograms.destroy();
     return abandoned;
   }
@@ -427,9 +426,18 @@ export class WorkerFront {
     const query = req.getQuery();
     const path = query ? `${url}?${query}` : url;
     const headers: string[] = [];
+    let unsafe = false;
     req.forEach((name, value) => {
-      if (!DROPPED_REQUEST_HEADERS.has(name)) headers.push(name, value);
+      if (DROPPED_REQUEST_HEADERS.has(name)) return;
+      // A CR, LF or NUL in a value would let a client write its own header lines upstream.
+      if (UNSAFE_VALUE.test(value)) unsafe = true;
+      headers.push(name, value);
     });
+    if (unsafe) {
+      this.slot.bump(C_REJECTED);
+      replyJson(res, 400, errorBody('header value contains CR, LF or NUL', ErrorCodes.BAD_REQUEST), true);
+      return;
+    }
     const retryable = isSafeMethod(method) || isIdempotentPath(url) || req.getHeader(IDEMPOTENT_HEADER) === '1';
     const contentLength = req.getHeader('content-length');
     const chunked = req.getHeader('transfer-encoding') !== '';

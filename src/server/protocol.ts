@@ -35,10 +35,16 @@ export interface NodeSpec {
 export interface DataPlaneSettings {
   readonly hedgeDelayMs: number;
   readonly hedgeAfterPercentile: number;
+  /** Hedges may not exceed this share of retryable requests (token bucket, burst 10). */
+  readonly hedgeBudgetPercent: number;
   readonly requestTimeoutMs: number;
   readonly maxBodyBytes: number;
-  /** undici connections per upstream node, per worker. */
+  /** Upstream HTTP client: the built-in h1 client, or undici. */
+  readonly upstreamClient: 'h1' | 'undici';
+  /** Connections per upstream node, per worker. */
   readonly upstreamConnections: number;
+  /** How long a cancelled attempt (hedge loser, client gone) may finish before its connection closes. */
+  readonly cancelGraceMs: number;
   /** How long a stopping worker waits for in-flight requests. */
   readonly drainTimeoutMs: number;
 }

@@ -2,7 +2,7 @@
 import { availableParallelism } from 'node:os';
 import { BOARD_HEADER } from '../contract.js';
 import { DEFAULT_HEALTH_INTERVAL_MS, DEFAULT_HEALTH_TIMEOUT_MS } from '../membership/membership.js';
-import { DEFAULT_HEDGE_DELAY_MS, DEFAULT_HEDGE_PERCENTILE, DEFAULT_REQUEST_TIMEOUT_MS } from '../router/router.js';
+import { DEFAULT_HEDGE_BUDGET_PERCENT, DEFAULT_HEDGE_DELAY_MS, DEFAULT_HEDGE_PERCENTILE, DEFAULT_REQUEST_TIMEOUT_MS } from '../router/router.js';
 import type { DataPlaneSettings } from './protocol.js';
 import type { RouteConfig } from './supervisor.js';
 
@@ -10,6 +10,7 @@ export const DEFAULT_HOST = '0.0.0.0';
 export const DEFAULT_MAX_BODY_BYTES = 1024 * 1024;
 export const DEFAULT_UPSTREAM_CONNECTIONS = 64;
 export const DEFAULT_DRAIN_TIMEOUT_MS = 10_000;
+export const DEFAULT_CANCEL_GRACE_MS = 250;
 export const DEFAULT_CLUSTER = 'default';
 
 export function defaultThreads(): number {
@@ -20,9 +21,12 @@ export function defaultSettings(overrides: Partial<DataPlaneSettings> = {}): Dat
   return {
     hedgeDelayMs: overrides.hedgeDelayMs ?? DEFAULT_HEDGE_DELAY_MS,
     hedgeAfterPercentile: overrides.hedgeAfterPercentile ?? DEFAULT_HEDGE_PERCENTILE,
+    hedgeBudgetPercent: overrides.hedgeBudgetPercent ?? DEFAULT_HEDGE_BUDGET_PERCENT,
     requestTimeoutMs: overrides.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS,
     maxBodyBytes: overrides.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
+    upstreamClient: overrides.upstreamClient ?? 'h1',
     upstreamConnections: overrides.upstreamConnections ?? DEFAULT_UPSTREAM_CONNECTIONS,
+    cancelGraceMs: overrides.cancelGraceMs ?? DEFAULT_CANCEL_GRACE_MS,
     drainTimeoutMs: overrides.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS,
   };
 }
