@@ -44,6 +44,7 @@ describe('lakefront command: bad configuration stops start-up with exit 2 and on
     ['bad thread count', ['--threads', '0', '--nodes', 'a=http://127.0.0.1:1'], {}, /--threads: 0 is out of range/],
     ['bad hedge delay', [], { LAKEFRONT_NODES: 'a=http://127.0.0.1:1', LAKEFRONT_HEDGE_MS: '-5' }, /LAKEFRONT_HEDGE_MS: not a whole number: "-5"/],
     ['unknown flag', ['--nodez', 'x'], {}, /Unknown option '--nodez'/],
+    ['unknown upstream client', ['--upstream-client', 'curl', '--nodes', 'a=http://127.0.0.1:1'], {}, /--upstream-client: must be h1 or undici, got "curl"/],
   ];
   for (const [name, args, env, pattern] of cases) {
     it(name, async () => {
@@ -114,6 +115,20 @@ describe('lakefront command: running', () => {
     await assert.rejects(call(`${url}/health`, { fresh: true }), 'no longer accepting');
     assert.ok(!run.output().includes('do-not-log-me'), 'the Authorization header never reaches the log');
     for (const n of nodes) n.behaviour = { kind: 'answer' };
+  });
+
+  it('proxies through the undici transport when asked to', async () => {
+    const run = start(['--port', '0', '--threads', '1', '--host', '127.0.0.1', '--upstream-client', 'undici', '--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(',')]);
+    try {
+      const [, url] = await waitForLine(run.child, /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+      const reply = await rpc(url!, 'query.execute', 'undici-board', { body: '{"via":"undici"}' });
+      assert.equal(reply.status, 200);
+      const served = nodes.find((n) => n.id === reply.headers['x-lakefront-served-by'])!;
+      assert.equal(served.received.at(-1)!.body, '{"via":"undici"}');
+    } finally {
+      run.child.kill('SIGTERM');
+      assert.equal(await exitOf(run), 0);
+    }
   });
 
   it('names a port that is already taken and exits 1', async () => {

@@ -86,17 +86,15 @@ export class Exchange {
 
   private inflight = 0;
   /** Per ordinal: the running attempt's handle, or null once it finished (or before it began). */
-  private readonly handles: (AttemptHandle | null)[];
-  /** Per ordinal: RUNNING while the transport may still report. */
-  private readonly running: Uint8Array;
+  private readonly handles: (AttemptHandle | null)[] = [];
+  /** Per ordinal: 1 while the transport may still report. Plain arrays: cheaper than typed ones. */
+  private readonly running: number[] = [];
   private hedgeTimer: NodeJS.Timeout | null = null;
 
   constructor(driver: ExchangeDriver, capacity: number) {
     this.driver = driver;
     const size = Math.min(Math.max(capacity, 1), MAX_CANDIDATES);
     this.candidates = new Int32Array(size);
-    this.handles = new Array<AttemptHandle | null>(size).fill(null);
-    this.running = new Uint8Array(size);
   }
 
   /** Node index of the attempt that answered, or -1. */

@@ -78,6 +78,12 @@ export interface H1Handler {
   onError(error: H1Error | NodeJS.ErrnoException): void;
 }
 
+/**
+ * A coarse clock for timeouts and idle expiry, advanced by the sweeps: stamping activity with it
+ * saves a clock read per event. Checks add one sweep period, so a timeout never fires early.
+ */
+let coarseNow = performance.now();
+
 /** Per-thread read buffer for every upstream socket (module state is per thread). */
 const READ_BUFFER = Buffer.allocUnsafe(64 * 1024);
 
@@ -135,7 +141,7 @@ const enum Phase {
 
 /** One request in flight or queued. */
 class Pending {
-  queuedAt = performance.now();
+  queuedAt = coarseNow;
   /** Set when written to a connection. */
   conn: H1Connection | null = null;
   done = false;
@@ -162,7 +168,7 @@ class H1Connection {
   private bodyBytes = 0;
   private reusable = true;
   private closeDelimited = false;
-  /** performance.now() of the last byte (or of the write): the timeout sweep reads it. */
+  /** Coarse time of the last byte (or of the write): the timeout sweep reads it. */
   lastActivity = 0;
   private chunkLine: Buffer | null = null;
   /** Whether the server's keep-alive hint was read. */
@@ -182,8 +188,9 @@ class H1Connection {
       noDelay: true,
       onread: { buffer: READ_BUFFER, callback: (n: number, buf: Uint8Array) => this.onRead(n, buf) },
     });
-    this.socket.on('error', (err: NodeJS.ErrnoException) => this.fail(err));
-    this.socket.on('close', () => this.fail(new H1Error(H1Codes.CLOSED, 'upstream closed the connection')));
+    this.socket.on('error', (err: NodeJS.ErrnoException) => this.fail(err, false));
+    // A clean close (no error before it) is the end of a body framed by the connection's end.
+    this.socket.on('close', () => this.fail(new H1Error(H1Codes.CLOSED, 'upstream closed the connection'), true));
   }
 
   write(p: Pending): void {
@@ -197,7 +204,7 @@ class H1Connection {
     this.bodyBytes = 0;
     this.reusable = true;
     this.closeDelimited = false;
-    this.lastActivity = performance.now();
+    this.lastActivity = coarseNow;
     const { request } = p;
     const first = `${request.method} ${request.path} HTTP/1.1\r\nhost: ${this.pool.hostHeader}\r\n`;
     const body = request.body;
@@ -216,11 +223,11 @@ class H1Connection {
 
   destroy(error: H1Error): void {
     if (this.closed) return;
-    this.fail(error);
+    this.fail(error, false);
     this.socket.destroy();
   }
 
-  private fail(error: H1Error | NodeJS.ErrnoException): void {
+  private fail(error: H1Error | NodeJS.ErrnoException, cleanClose: boolean): void {
     if (this.closed) return;
     this.closed = true;
     const p = this.pending;
@@ -228,7 +235,7 @@ class H1Connection {
     this.pool.forget(this);
     if (p !== null && !p.done) {
       // A response framed by the connection's end is complete when the connection ends.
-      if (this.closeDelimited && this.phase === Phase.UntilClose) this.complete(p);
+      if (cleanClose && this.closeDelimited && this.phase === Phase.UntilClose) this.complete(p);
       else {
         p.done = true;
         p.handler.onError(error);
@@ -260,7 +267,7 @@ class H1Connection {
       this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'unsolicited bytes from upstream'));
       return;
     }
-    this.lastActivity = performance.now();
+    this.lastActivity = coarseNow;
     let buf = chunk;
     let at = 0;
     while (at < buf.length && this.pending === p) {
@@ -386,7 +393,7 @@ class H1Connection {
    */
   private parseHead(buf: Buffer, start: number, end: number, p: Pending, more: boolean): boolean {
     // Status line: HTTP/1.x SP 3DIGIT [SP reason]
-    if (end - start < 12 || buf[start] !== 0x48 || buf[start + 4] !== 0x2f || buf[start + 5] !== 0x31 || buf[start + 6] !== 0x2e || buf[start + 8] !== 0x20) {
+    if (end - start < 12 || buf[start] !== 0x48 || buf[start + 1] !== 0x54 || buf[start + 2] !== 0x54 || buf[start + 3] !== 0x50 || buf[start + 4] !== 0x2f || buf[start + 5] !== 0x31 || buf[start + 6] !== 0x2e || buf[start + 8] !== 0x20) {
       this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad status line'));
       return false;
     }
@@ -602,7 +609,7 @@ export class H1Pool {
     const next = this.dequeue();
     if (next !== null) conn.write(next);
     else {
-      conn.idleSince = performance.now();
+      conn.idleSince = coarseNow;
       this.idle.push(conn);
     }
   }
@@ -619,19 +626,19 @@ export class H1Pool {
     }
   }
 
-  /** Expires queued requests, stalled responses and idle connections. */
-  sweep(now: number): void {
-    const timeout = this.requestTimeoutMs;
+  /** Expires queued requests, stalled responses and idle connections; `slackMs`: sweep period. */
+  sweep(now: number, slackMs: number): void {
+    const timeout = this.requestTimeoutMs + slackMs;
     for (let i = this.queueHead; i < this.queue.length; i++) {
       const p = this.queue[i]!;
       if (!p.done && now - p.queuedAt > timeout) {
         p.done = true;
-        p.handler.onError(new H1Error(H1Codes.TIMEOUT, `no connection to the node within ${timeout} ms`));
+        p.handler.onError(new H1Error(H1Codes.TIMEOUT, `no connection to the node within ${this.requestTimeoutMs} ms`));
       }
     }
     for (const conn of [...this.all]) {
       if (conn.pending !== null) {
-        if (now - conn.lastActivity > timeout) conn.destroy(new H1Error(H1Codes.TIMEOUT, `no response from the node within ${timeout} ms`));
+        if (now - conn.lastActivity > timeout) conn.destroy(new H1Error(H1Codes.TIMEOUT, `no response from the node within ${this.requestTimeoutMs} ms`));
       } else if (now - conn.idleSince > conn.keepAliveMs) {
         conn.destroy(new H1Error(H1Codes.CLOSED, 'idle'));
       }
@@ -692,7 +699,8 @@ export class H1Agent {
   constructor(sweepEveryMs: number) {
     this.timer = setInterval(() => {
       const now = performance.now();
-      for (const pool of this.pools) pool.sweep(now);
+      coarseNow = now;
+      for (const pool of this.pools) pool.sweep(now, sweepEveryMs);
     }, sweepEveryMs);
     this.timer.unref();
   }

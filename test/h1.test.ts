@@ -1,0 +1,290 @@
+/**
+ * The built-in HTTP/1.1 upstream client against raw TCP servers that write exactly the bytes a
+ * test wants: split heads, chunked bodies, interim responses, early closes, silence.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { createServer, type AddressInfo, type Server, type Socket } from 'node:net';
+import { after, describe, it } from 'node:test';
+import { H1Agent, H1Codes, headBlock, type H1Handler, type H1Pool, type H1Request } from '../src/forward/h1.js';
+
+interface RawRequest {
+  readonly text: string;
+  readonly head: string;
+  readonly body: Buffer;
+  readonly socket: Socket;
+  readonly connection: number;
+}
+
+/** A TCP server that parses request heads (and content-length bodies) and hands them over. */
+class RawServer {
+  readonly server: Server;
+  connections = 0;
+  readonly requests: RawRequest[] = [];
+  respond: (req: RawRequest) => void = (req) => req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
+
+  constructor() {
+    this.server = createServer((socket) => {
+      const connection = ++this.connections;
+      let pending = Buffer.alloc(0);
+      socket.on('error', () => undefined);
+      socket.on('data', (chunk: Buffer) => {
+        pending = Buffer.concat([pending, chunk]);
+        for (;;) {
+          const end = pending.indexOf('\r\n\r\n');
+          if (end < 0) return;
+          const head = pending.subarray(0, end).toString('utf8');
+          const length = Number(/content-length: (\d+)/i.exec(head)?.[1] ?? 0);
+          if (pending.length < end + 4 + length) return;
+          const body = pending.subarray(end + 4, end + 4 + length);
+          const text = pending.subarray(0, end + 4 + length).toString('utf8');
+          pending = pending.subarray(end + 4 + length);
+          const req = { text, head, body, socket, connection };
+          this.requests.push(req);
+          this.respond(req);
+        }
+      });
+    });
+  }
+
+  async listen(): Promise<number> {
+    this.server.listen(0, '127.0.0.1');
+    await once(this.server, 'listening');
+    return (this.server.address() as AddressInfo).port;
+  }
+
+  close(): void {
+    this.server.close();
+  }
+}
+
+interface Outcome {
+  status?: number;
+  headers?: [string, string][];
+  body?: string;
+  error?: { code: string; message: string };
+}
+
+function handler(): H1Handler & { done: Promise<Outcome> } {
+  let resolve!: (o: Outcome) => void;
+  const done = new Promise<Outcome>((r) => (resolve = r));
+  return {
+    done,
+    onResponse(status, headers, body) {
+      const pairs: [string, string][] = [];
+      for (let i = 0; i < headers.length; i += 2) pairs.push([headers[i]!.toString('utf8'), headers[i + 1]!.toString('utf8')]);
+      resolve({ status, headers: pairs, body: body.toString('utf8') });
+    },
+    onError(error) {
+      resolve({ error: { code: String((error as { code?: string }).code), message: error.message } });
+    },
+  };
+}
+
+function request(method: string, path: string, headers: string[] = [], body: string | null = null): H1Request {
+  const buf = body === null ? null : Buffer.from(body);
+  return { method, path, headBlock: headBlock(headers, buf?.length ?? 0, method), body: buf };
+}
+
+const agent = new H1Agent(10);
+after(() => agent.close(true));
+
+async function setup(respond?: (req: RawRequest) => void, options: { connections?: number; requestTimeoutMs?: number; maxResponseBytes?: number } = {}): Promise<{ server: RawServer; pool: H1Pool }> {
+  const server = new RawServer();
+  if (respond) server.respond = respond;
+  const port = await server.listen();
+  const pool = agent.pool(`http://127.0.0.1:${port}`, {
+    connections: options.connections ?? 4,
+    requestTimeoutMs: options.requestTimeoutMs ?? 2_000,
+    ...(options.maxResponseBytes !== undefined ? { maxResponseBytes: options.maxResponseBytes } : {}),
+  });
+  return { server, pool };
+}
+
+async function send(pool: H1Pool, req: H1Request, expectBody = true): Promise<Outcome> {
+  const h = handler();
+  pool.send(req, h, expectBody);
+  return h.done;
+}
+
+/** Writes `bytes` one piece at a time, each in its own TCP segment. */
+async function dribble(socket: Socket, bytes: string, size = 1): Promise<void> {
+  for (let i = 0; i < bytes.length; i += size) {
+    socket.write(bytes.slice(i, i + size));
+    await new Promise((resolve) => setImmediate(resolve));
+  }
+}
+
+describe('h1 client', () => {
+  it('writes one well-formed request and reuses the connection', async () => {
+    const { server, pool } = await setup();
+    const first = await send(pool, request('POST', '/rpc/x?y=1', ['x-lakefront-board', 'bøard-ü', 'authorization', 'Bearer a b'], '{"v":1}'));
+    const second = await send(pool, request('GET', '/two'));
+    assert.equal(first.status, 200);
+    assert.equal(first.body, 'ok');
+    assert.equal(second.body, 'ok');
+    assert.equal(server.connections, 1, 'keep-alive: one connection for both');
+    const [a, b] = server.requests;
+    assert.equal(a!.text, `POST /rpc/x?y=1 HTTP/1.1\r\nhost: 127.0.0.1:${pool.port}\r\nx-lakefront-board: bøard-ü\r\nauthorization: Bearer a b\r\ncontent-length: 7\r\n\r\n{"v":1}`);
+    assert.equal(b!.text, `GET /two HTTP/1.1\r\nhost: 127.0.0.1:${pool.port}\r\n\r\n`);
+    server.close();
+  });
+
+  it('parses heads and chunked bodies split at every byte, and drops framing headers', async () => {
+    const raw =
+      'HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\nX-Name:  spaced value \t\r\nConnection: keep-alive\r\nKeep-Alive: timeout=30\r\n\r\n' +
+      '5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: t\r\n\r\n';
+    const { server, pool } = await setup((req) => void dribble(req.socket, raw));
+    const out = await send(pool, request('GET', '/'));
+    assert.equal(out.status, 201);
+    assert.equal(out.body, 'hello, world');
+    assert.deepEqual(out.headers, [['Content-Type', 'text/plain'], ['X-Name', 'spaced value']]);
+    assert.equal((await send(pool, request('GET', '/'))).body, 'hello, world', 'the connection is still in step');
+    assert.equal(server.connections, 1);
+    server.close();
+  });
+
+  it('relays header bytes exactly (UTF-8 stays UTF-8)', async () => {
+    const { server, pool } = await setup((req) => req.socket.write(Buffer.from('HTTP/1.1 200 OK\r\nx-file: naïve 東京\r\ncontent-length: 0\r\n\r\n')));
+    const out = await send(pool, request('GET', '/'));
+    assert.deepEqual(out.headers, [['x-file', 'naïve 東京']]);
+    server.close();
+  });
+
+  it('skips interim 1xx responses', async () => {
+    const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\ndone'));
+    const out = await send(pool, request('POST', '/', [], 'x'));
+    assert.equal(out.status, 200);
+    assert.equal(out.body, 'done');
+    server.close();
+  });
+
+  it('reads no body after HEAD, 204 and 304', async () => {
+    let n = 0;
+    const { server, pool } = await setup((req) => {
+      n++;
+      if (n === 1) req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n');
+      else if (n === 2) req.socket.write('HTTP/1.1 204 No Content\r\n\r\n');
+      else if (n === 3) req.socket.write('HTTP/1.1 304 Not Modified\r\ncontent-length: 10\r\n\r\n');
+      else req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nend');
+    });
+    assert.equal((await send(pool, request('HEAD', '/'), false)).body, '');
+    assert.equal((await send(pool, request('DELETE', '/'))).status, 204);
+    assert.equal((await send(pool, request('GET', '/'))).status, 304);
+    assert.equal((await send(pool, request('GET', '/'))).body, 'end');
+    assert.equal(server.connections, 1);
+    server.close();
+  });
+
+  it('honours connection: close and HTTP/1.0, and reads a body to the end of the connection', async () => {
+    let n = 0;
+    const { server, pool } = await setup((req) => {
+      n++;
+      if (n === 1) req.socket.write('HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 1\r\n\r\na');
+      else {
+        req.socket.write('HTTP/1.0 200 OK\r\n\r\nuntil the ');
+        setImmediate(() => req.socket.end('end'));
+      }
+    });
+    assert.equal((await send(pool, request('GET', '/'))).body, 'a');
+    assert.equal((await send(pool, request('GET', '/'))).body, 'until the end');
+    assert.equal(server.connections, 2);
+    server.close();
+  });
+
+  it('reports a malformed response, an early close, and a refused connection, each with its code', async () => {
+    const bad = await setup((req) => req.socket.write('HTTX/1.1 200 OK\r\n\r\n'));
+    assert.equal((await send(bad.pool, request('GET', '/'))).error?.code, H1Codes.BAD_RESPONSE);
+    bad.server.close();
+    const cut = await setup((req) => req.socket.end('HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf'));
+    assert.equal((await send(cut.pool, request('GET', '/'))).error?.code, H1Codes.CLOSED);
+    cut.server.close();
+    const refused = agent.pool('http://127.0.0.1:9', { connections: 1, requestTimeoutMs: 1_000 });
+    assert.equal((await send(refused, request('GET', '/'))).error?.code, 'ECONNREFUSED');
+  });
+
+  it('times out a node that never answers', async () => {
+    const { server, pool } = await setup(() => undefined, { requestTimeoutMs: 60 });
+    const out = await send(pool, request('GET', '/'));
+    assert.equal(out.error?.code, H1Codes.TIMEOUT);
+    server.close();
+  });
+
+  it('does not mistake a timed-out body framed by connection end for a complete one', async () => {
+    const { server, pool } = await setup((req) => req.socket.write('HTTP/1.0 200 OK\r\n\r\npartial'), { requestTimeoutMs: 60 });
+    assert.equal((await send(pool, request('GET', '/'))).error?.code, H1Codes.TIMEOUT);
+    server.close();
+  });
+
+  it('queues beyond the connection limit and serves in order', async () => {
+    const sockets: RawRequest[] = [];
+    const { server, pool } = await setup((req) => sockets.push(req), { connections: 1 });
+    const a = send(pool, request('GET', '/a'));
+    const b = send(pool, request('GET', '/b'));
+    while (sockets.length < 1) await new Promise((r) => setImmediate(r));
+    assert.equal(server.requests.length, 1, 'the second waits for the connection');
+    sockets[0]!.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nA');
+    assert.equal((await a).body, 'A');
+    while (sockets.length < 2) await new Promise((r) => setImmediate(r));
+    sockets[1]!.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nB');
+    assert.equal((await b).body, 'B');
+    assert.equal(server.connections, 1);
+    server.close();
+  });
+
+  it('cancels a queued request without sending it, and a sent one by closing its connection', async () => {
+    const held: RawRequest[] = [];
+    const { server, pool } = await setup((req) => held.push(req), { connections: 1 });
+    const sent = handler();
+    const queued = handler();
+    const t1 = pool.send(request('GET', '/sent'), sent);
+    const t2 = pool.send(request('GET', '/queued'), queued);
+    while (held.length < 1) await new Promise((r) => setImmediate(r));
+    assert.equal(pool.isWritten(t1), true);
+    assert.equal(pool.isWritten(t2), false);
+    pool.cancel(t2);
+    const closed = once(held[0]!.socket, 'close');
+    pool.cancel(t1);
+    await closed;
+    const after = send(pool, request('GET', '/after'));
+    while (held.length < 2) await new Promise((r) => setImmediate(r));
+    held[1]!.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
+    assert.equal((await after).body, 'ok');
+    assert.deepEqual(server.requests.map((r) => r.head.split(' ')[1]), ['/sent', '/after'], '/queued was never written');
+    server.close();
+  });
+
+  it('opens a fresh connection when the server closed an idle one', async () => {
+    const { server, pool } = await setup((req) => req.socket.end('HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n1'));
+    assert.equal((await send(pool, request('GET', '/'))).body, '1');
+    await once(server.requests[0]!.socket, 'close');
+    while (pool.size > 0) await new Promise((r) => setImmediate(r));
+    assert.equal((await send(pool, request('GET', '/'))).body, '1');
+    assert.equal(server.connections, 2);
+    server.close();
+  });
+
+  it('does not reuse a connection that sent bytes past its response', async () => {
+    const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nXjunk'));
+    assert.equal((await send(pool, request('GET', '/'))).body, 'X');
+    assert.equal((await send(pool, request('GET', '/'))).body, 'X');
+    assert.equal(server.connections, 2);
+    server.close();
+  });
+
+  it('fails a response larger than the limit', async () => {
+    const { server, pool } = await setup((req) => req.socket.write(`HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n${'x'.repeat(100)}`), { maxResponseBytes: 10 });
+    assert.equal((await send(pool, request('GET', '/'))).error?.code, H1Codes.TOO_LARGE);
+    server.close();
+  });
+
+  it('closes idle connections before the server\'s keep-alive hint runs out', async () => {
+    const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 200 OK\r\nkeep-alive: timeout=1\r\ncontent-length: 0\r\n\r\n'));
+    await send(pool, request('GET', '/'));
+    assert.equal(pool.size, 1);
+    // timeout=1 leaves no idle time at all: the next sweep closes it, and the server sees it.
+    await once(server.requests[0]!.socket, 'close');
+    assert.equal(pool.size, 0);
+    server.close();
+  });
+});
