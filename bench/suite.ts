@@ -10,13 +10,13 @@
  * BENCH_WORKLOADS, BENCH_CONNECTIONS. Writes bench/results/suite.json, bench/results/suite.svg and
  * the generated section of bench/RESULTS.md.
  */
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { direct, startHaproxy, startLakefront, startNginx, startNodeProxy, startUpstream, type Contender, type Upstream } from './lib/contenders.js';
 import { WORKLOADS, runLoad, warmUp, type LoadResult } from './lib/load.js';
 import { ROOT, pause, totalCpuSeconds } from './lib/procs.js';
-import { fmt, machine, median, spread, svgChart, table, updateSection, type ChartGroup } from './lib/report.js';
+import { fmt, machine, median, spread, svgChart, table, updateSection, writeResult, type ChartGroup } from './lib/report.js';
 
 const { values } = parseArgs({
   options: {
@@ -148,8 +148,7 @@ function report(results: Record<string, Record<string, Sample[]>>, contenders: C
   process.stdout.write(`\n${lines.join('\n')}\n`);
   if (values['no-write']) return;
   const dir = join(ROOT, 'bench/results');
-  mkdirSync(dir, { recursive: true });
-  writeFileSync(join(dir, `${section}.json`), `${JSON.stringify(out, null, 2)}\n`);
+  writeResult(join(dir, `${section}.json`), out);
   writeFileSync(join(dir, `${section}.svg`), svgChart(`Lakefront bench (${section}): ${info.date.slice(0, 10)}, ${info.cpu}`, groups));
   const header = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,

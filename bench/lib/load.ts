@@ -41,7 +41,10 @@ function mix(reads: autocannon.Request, writes: autocannon.Request, count = BOAR
   return readList.map((r, i) => (i % 5 === 4 ? writeList[i]! : r));
 }
 
+const GET_SMALL: autocannon.Request = { method: 'GET', path: '/rpc/query.execute', headers: {} };
+
 export const WORKLOADS: Record<string, Workload> = {
+  getsmall: { name: 'getsmall', description: 'GET 64 B (retryable reads), random boards', requests: withBoards(GET_SMALL) },
   post256: { name: 'post256', description: 'POST 256 B, random boards', requests: withBoards(POST_256) },
   get1k: { name: 'get1k', description: 'GET 1 KiB, random boards', requests: withBoards(GET_1K) },
   get16k: { name: 'get16k', description: 'GET 16 KiB, random boards', requests: withBoards(GET_16K) },
@@ -61,13 +64,14 @@ export interface LoadResult {
   readonly p999Us: number;
 }
 
-export async function runLoad(url: string, workload: Workload, connections: number, seconds: number): Promise<LoadResult> {
+/** `overallRate`: requests per second across all connections (open loop); default: as fast as it goes. */
+export async function runLoad(url: string, workload: Workload, connections: number, seconds: number, overallRate?: number): Promise<LoadResult> {
   const histogram = hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 120_000_000, numberOfSignificantValueDigits: 3 });
   let ok = 0;
   let non2xx = 0;
   const result = await new Promise<autocannon.Result>((resolve, reject) => {
     const instance = autocannon(
-      { url, connections, duration: seconds, requests: workload.requests, timeout: 10 },
+      { url, connections, duration: seconds, requests: workload.requests, timeout: 10, ...(overallRate ? { overallRate } : {}) },
       (err, res) => (err ? reject(err) : resolve(res)),
     );
     instance.on('response', (_client, statusCode, _bytes, responseTimeMs) => {
@@ -92,6 +96,6 @@ export async function runLoad(url: string, workload: Workload, connections: numb
 }
 
 /** A short unrecorded run that warms connections, pools and JIT. */
-export async function warmUp(url: string, workload: Workload, connections: number, seconds = 1): Promise<void> {
-  await autocannon({ url, connections: Math.min(connections, 64), duration: seconds, requests: workload.requests });
+export async function warmUp(url: string, workload: Workload, connections: number, seconds = 1, overallRate?: number): Promise<void> {
+  await autocannon({ url, connections: Math.min(connections, 64), duration: seconds, requests: workload.requests, ...(overallRate ? { overallRate } : {}) });
 }

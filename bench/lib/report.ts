@@ -3,7 +3,8 @@
  * and the generated sections of bench/RESULTS.md.
  */
 import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { dirname } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 
 export function median(values: readonly number[]): number {
@@ -38,6 +39,12 @@ export function machine(): Record<string, string> {
     commit,
     date: new Date().toISOString(),
   };
+}
+
+/** Writes a machine-readable result file (JSON), creating its folder. */
+export function writeResult(file: string, data: unknown): void {
+  mkdirSync(dirname(file), { recursive: true });
+  writeFileSync(file, `${JSON.stringify(data, null, 2)}\n`);
 }
 
 export function fmt(n: number, digits = 0): string {

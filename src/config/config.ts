@@ -29,6 +29,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'port', env: 'PORT', value: 'n', help: 'listen port (0: any free port) [8080]' },
   { flag: 'host', env: 'LAKEFRONT_HOST', value: 'addr', help: `listen address [${DEFAULT_HOST}; 127.0.0.1 for the demo]` },
   { flag: 'threads', env: 'LAKEFRONT_THREADS', value: 'n', help: 'data-plane worker threads [one per core]' },
+  { flag: 'hedge-mode', env: 'LAKEFRONT_HEDGE_MODE', value: 'percentile|fixed|off', help: "when reads hedge: at the node's own percentile, always at --hedge-ms, or never [percentile]" },
   { flag: 'hedge-ms', env: 'LAKEFRONT_HEDGE_MS', value: 'ms', help: 'hedge delay before a node has 8 latency samples [250]' },
   { flag: 'hedge-percentile', env: 'LAKEFRONT_HEDGE_PERCENTILE', value: 'p', help: "percentile of a node's own latency that triggers a hedge [95]" },
   { flag: 'hedge-budget-percent', env: 'LAKEFRONT_HEDGE_BUDGET_PERCENT', value: 'p', help: 'hedges may not exceed this share of retryable requests [10]' },
@@ -77,9 +78,9 @@ function decimal(raw: string, source: string, min: number, max: number): number 
   return value;
 }
 
-function upstreamClient(raw: string, source: string): 'h1' | 'undici' {
-  if (raw !== 'h1' && raw !== 'undici') throw new ConfigError(`${source}: must be h1 or undici, got ${JSON.stringify(raw)}`);
-  return raw;
+function oneOf<T extends string>(raw: string, source: string, allowed: readonly T[]): T {
+  if (!(allowed as readonly string[]).includes(raw)) throw new ConfigError(`${source}: must be ${allowed.join(' or ')}, got ${JSON.stringify(raw)}`);
+  return raw as T;
 }
 
 /** Parses the command line and environment into a command. Throws ConfigError on a bad value. */
@@ -126,6 +127,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   const percentileRaw = read('hedge-percentile');
   const budgetRaw = read('hedge-budget-percent');
   const clientRaw = read('upstream-client');
+  const modeRaw = read('hedge-mode');
 
   const config: FrontDoorConfig = {
     host,
@@ -136,12 +138,13 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     healthIntervalMs: int('health-interval-ms', DEFAULT_HEALTH_INTERVAL_MS, 10, 3_600_000),
     healthTimeoutMs: int('health-timeout-ms', DEFAULT_HEALTH_TIMEOUT_MS, 1, 60_000),
     settings: defaultSettings({
+      hedgeMode: modeRaw ? oneOf(modeRaw[0], modeRaw[1], ['percentile', 'fixed', 'off'] as const) : undefined,
       hedgeDelayMs: opt('hedge-ms', 0, 600_000),
       hedgeAfterPercentile: percentileRaw ? decimal(percentileRaw[0], percentileRaw[1], 1, 100) : undefined,
       hedgeBudgetPercent: budgetRaw ? decimal(budgetRaw[0], budgetRaw[1], 0, 100) : undefined,
       requestTimeoutMs: opt('request-timeout-ms', 1, 3_600_000),
       maxBodyBytes: opt('max-body-bytes', 0, 1024 * 1024 * 1024),
-      upstreamClient: clientRaw ? upstreamClient(clientRaw[0], clientRaw[1]) : undefined,
+      upstreamClient: clientRaw ? oneOf(clientRaw[0], clientRaw[1], ['h1', 'undici'] as const) : undefined,
       upstreamConnections: opt('upstream-connections', 1, 100_000),
       cancelGraceMs: opt('cancel-grace-ms', 0, 600_000),
       drainTimeoutMs: opt('drain-timeout-ms', 0, 3_600_000),

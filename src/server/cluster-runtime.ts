@@ -113,6 +113,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   }
 
   hedgeDelayMs(_exchange: Exchange, node: number): number {
+    if (this.settings.hedgeMode === 'fixed') return this.settings.hedgeDelayMs;
     return this.windows[node]!.triggerMs(this.settings.hedgeAfterPercentile, this.settings.hedgeDelayMs);
   }
 

@@ -160,7 +160,7 @@ class ProxyRequest implements ProxiedRequest {
     const exchange = new Exchange(runtime, runtime.size);
     exchange.context = this;
     exchange.retryable = this.retryable;
-    exchange.hedgeEnabled = this.retryable;
+    exchange.hedgeEnabled = this.retryable && this.front.hedging;
     if (this.retryable) runtime.hedgeBudget.deposit();
     const op = this.retryable ? OP_READ : OP_WRITE;
     exchange.count = this.route.policy.pick(this.key, op, exchange.candidates);
@@ -226,6 +226,8 @@ export interface FrontHooks {
 export class WorkerFront {
   readonly slot: CounterSlot;
   readonly maxBodyBytes: number;
+  /** Whether retryable requests may hedge (`--hedge-mode off` says no). */
+  readonly hedging: boolean;
   draining = false;
   private readonly uws: Uws;
   private readonly app: TemplatedApp;
@@ -250,6 +252,7 @@ export class WorkerFront {
   ) {
     this.uws = loadUws();
     this.maxBodyBytes = init.settings.maxBodyBytes;
+    this.hedging = init.settings.hedgeMode !== 'off';
     this.slot = new CounterSlot(init.counters, init.slot, init.nodes.length);
     this.table = new TableReader(init.table);
     this.rows = init.nodes.map(() => ({ weight: 0, flags: 0, region: -1, cluster: 0, ewmaUs: 0 }));

@@ -10,6 +10,8 @@ export const OP_WRITE = 1;
 
 export type PolicyName = 'rendezvous';
 
+export type HedgeMode = 'percentile' | 'fixed' | 'off';
+
 export interface RouteSpec {
   /** uWS pattern, e.g. `/rpc/*`. */
   readonly pattern: string;
@@ -33,6 +35,11 @@ export interface NodeSpec {
 }
 
 export interface DataPlaneSettings {
+  /**
+   * `percentile`: hedge at the node's own `hedgeAfterPercentile` (from 8 samples; before that
+   * `hedgeDelayMs`). `fixed`: always at `hedgeDelayMs`. `off`: never hedge.
+   */
+  readonly hedgeMode: HedgeMode;
   readonly hedgeDelayMs: number;
   readonly hedgeAfterPercentile: number;
   /** Hedges may not exceed this share of retryable requests (token bucket, burst 10). */

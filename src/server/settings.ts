@@ -19,6 +19,7 @@ export function defaultThreads(): number {
 
 export function defaultSettings(overrides: Partial<DataPlaneSettings> = {}): DataPlaneSettings {
   return {
+    hedgeMode: overrides.hedgeMode ?? 'percentile',
     hedgeDelayMs: overrides.hedgeDelayMs ?? DEFAULT_HEDGE_DELAY_MS,
     hedgeAfterPercentile: overrides.hedgeAfterPercentile ?? DEFAULT_HEDGE_PERCENTILE,
     hedgeBudgetPercent: overrides.hedgeBudgetPercent ?? DEFAULT_HEDGE_BUDGET_PERCENT,

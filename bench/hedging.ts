@@ -1,0 +1,143 @@
+/**
+ * Hedging under tail latency ("The Tail at Scale"): three upstream nodes where each request
+ * independently stalls 50 ms with probability 2%. Lakefront with no hedging, a fixed 10 ms
+ * hedge, and its own-p95 hedge, each under the same open-loop load, interleaved.
+ *
+ *   node dist/bench/hedging.js [--quick] [--repeats 3] [--seconds 15] [--rate 2000]
+ *
+ * Reports client-side p50/p99/p99.9 (microseconds, HDR) and extra upstream requests: attempts
+ * the nodes received beyond the requests answered, from Lakefront's own /stats.
+ */
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { startLakefront, startUpstream, type Contender } from './lib/contenders.js';
+import { openLoop, type OpenLoopResult } from './lib/openloop.js';
+import { ROOT, pause } from './lib/procs.js';
+import { fmt, machine, median, spread, table, updateSection, writeResult } from './lib/report.js';
+
+const { values } = parseArgs({
+  options: {
+    quick: { type: 'boolean', default: false },
+    repeats: { type: 'string' },
+    seconds: { type: 'string' },
+    rate: { type: 'string' },
+    'stall-ms': { type: 'string', default: '50' },
+    'stall-p': { type: 'string', default: '0.02' },
+    'no-write': { type: 'boolean', default: false },
+  },
+});
+const quick = values.quick!;
+const repeats = Number(values.repeats ?? process.env.BENCH_REPEATS ?? 3);
+const seconds = Number(values.seconds ?? process.env.BENCH_SECONDS ?? (quick ? 5 : 15));
+const rate = Number(values.rate ?? 2000);
+const stallMs = Number(values['stall-ms']);
+const stallP = Number(values['stall-p']);
+
+interface Stats {
+  requests: number;
+  hedges: number;
+  hedgeWins: number;
+  nodes: Record<string, { attempts: number }>;
+}
+
+async function stats(c: Contender): Promise<Stats> {
+  const res = await fetch(`${c.url}/stats`);
+  return (await res.json()) as Stats;
+}
+
+function attempts(s: Stats): number {
+  return Object.values(s.nodes).reduce((sum, n) => sum + n.attempts, 0);
+}
+
+interface Row {
+  p50: number;
+  p99: number;
+  p999: number;
+  extraPct: number;
+  hedgedPct: number;
+  hedgeWinPct: number;
+  rps: number;
+}
+
+async function main(): Promise<void> {
+  const upstream = await startUpstream({ stallMs, stallP });
+  const modes: { name: string; args: string[] }[] = [
+    { name: 'no hedging', args: ['--hedge-mode', 'off'] },
+    { name: 'fixed 10 ms hedge', args: ['--hedge-mode', 'fixed', '--hedge-ms', '10'] },
+    { name: 'own-p95 hedge', args: ['--hedge-mode', 'percentile', '--hedge-percentile', '95'] },
+  ];
+  const contenders: { name: string; c: Contender }[] = [];
+  try {
+    for (const mode of modes) {
+      contenders.push({ name: mode.name, c: await startLakefront(upstream, { threads: 2, extraArgs: mode.args, name: mode.name }) });
+    }
+    const boards = Array.from({ length: 1024 }, (_, i) => `board-${(i * 7919) % 100_003}`);
+    const load = (url: string, secs: number): Promise<OpenLoopResult> =>
+      openLoop(url, { rate, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length]! }) });
+    for (const { c } of contenders) await load(c.url, 2);
+    const rows: Record<string, Row[]> = {};
+    for (let r = 0; r < repeats; r++) {
+      for (const { name, c } of contenders) {
+        await pause(300);
+        const before = await stats(c);
+        const result = await load(c.url, seconds);
+        const after = await stats(c);
+        const served = after.requests - before.requests;
+        const extra = attempts(after) - attempts(before) - served;
+        const row: Row = {
+          p50: result.p50Us,
+          p99: result.p99Us,
+          p999: result.p999Us,
+          extraPct: (extra / served) * 100,
+          hedgedPct: ((after.hedges - before.hedges) / served) * 100,
+          hedgeWinPct: ((after.hedgeWins - before.hedgeWins) / served) * 100,
+          rps: result.ok / seconds,
+        };
+        (rows[name] ??= []).push(row);
+        process.stdout.write(
+          `${name.padEnd(18)} run ${r + 1}/${repeats}: p50 ${fmt(row.p50)} us  p99 ${fmt(row.p99)} us  p99.9 ${fmt(row.p999)} us  extra ${fmt(row.extraPct, 2)}%  hedged ${fmt(row.hedgedPct, 2)}%  won ${fmt(row.hedgeWinPct, 2)}%  ${fmt(row.rps)} req/s  failed ${result.failed}\n`,
+        );
+      }
+    }
+    report(rows);
+  } finally {
+    for (const { c } of contenders) await c.proc?.stop();
+    await upstream.proc.stop();
+  }
+}
+
+function report(rows: Record<string, Row[]>): void {
+  const info = machine();
+  const base = median(rows['no hedging']!.map((r) => r.p99));
+  const lines: string[][] = [];
+  for (const [name, samples] of Object.entries(rows)) {
+    const p99 = median(samples.map((s) => s.p99));
+    const [lo, hi] = spread(samples.map((s) => s.p99));
+    lines.push([
+      name,
+      fmt(median(samples.map((s) => s.p50))),
+      `${fmt(p99)} (${fmt(lo)}-${fmt(hi)})`,
+      fmt(median(samples.map((s) => s.p999))),
+      `${fmt(base / p99, 1)}x`,
+      `${fmt(median(samples.map((s) => s.extraPct)), 2)}%`,
+      `${fmt(median(samples.map((s) => s.hedgeWinPct)), 2)}%`,
+    ]);
+  }
+  const command = `node dist/bench/hedging.js ${process.argv.slice(2).join(' ')}`.trim();
+  const body = [
+    `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
+    `Command: \`${command}\`. Three upstream nodes; each request stalls ${stallMs} ms with probability ${stallP * 100}%. Lakefront at 2 threads per mode; open-loop load of ${rate} req/s (bench/lib/openloop.ts: fixed schedule, latency from each request's scheduled time) of GET \`/rpc/query.execute\` (retryable) over 1,024 boards, ${seconds} s per run, ${repeats} interleaved repeats, medians (p99 spread min-max).`,
+    '',
+    table(['mode', 'p50 us', 'p99 us', 'p99.9 us', 'p99 cut vs none', 'extra upstream requests', 'answered by the hedge'], lines),
+  ].join('\n');
+  process.stdout.write(`\n${body}\n`);
+  if (values['no-write']) return;
+  const section = quick ? 'hedging-quick' : 'hedging';
+  updateSection(join(ROOT, 'bench/RESULTS.md'), section, body);
+  writeResult(join(ROOT, `bench/results/${section}.json`), { machine: info, command, settings: { rate, seconds, repeats, stallMs, stallP }, runs: rows });
+}
+
+main().catch((err: Error) => {
+  process.stderr.write(`${err.stack ?? err.message}\n`);
+  process.exit(1);
+});

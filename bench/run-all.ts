@@ -1,0 +1,29 @@
+/**
+ * `npm run bench`: the whole suite, one part after another (throughput against the peers,
+ * hedging under tail latency, thread tuning, memory with idle connections). `npm run bench:quick`
+ * passes --quick to each: a short version that finishes in about two minutes.
+ */
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
+import { DIST } from './lib/procs.js';
+
+const quick = process.argv.includes('--quick');
+const parts: [string, string[]][] = quick
+  ? [
+      ['suite.js', ['--quick', '--repeats', '3', '--seconds', '2', '--contenders', 'direct,lakefront-2t,node-proxy,nginx-2w']],
+      ['hedging.js', ['--quick', '--repeats', '1']],
+      ['threads.js', ['--quick', '--repeats', '1']],
+      ['memory.js', ['--quick']],
+    ]
+  : [['suite.js', []], ['hedging.js', []], ['threads.js', []], ['memory.js', []]];
+
+const started = Date.now();
+for (const [script, args] of parts) {
+  process.stdout.write(`\n=== ${script} ${args.join(' ')}\n`);
+  const result = spawnSync(process.execPath, [join(DIST, script), ...args], { stdio: 'inherit' });
+  if (result.status !== 0) {
+    process.stderr.write(`${script} failed with ${result.status ?? result.signal}\n`);
+    process.exit(1);
+  }
+}
+process.stdout.write(`\nbench finished in ${((Date.now() - started) / 1000).toFixed(0)} s; see bench/RESULTS.md\n`);
