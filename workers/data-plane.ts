@@ -35,6 +35,7 @@ try {
   front = new WorkerFront(init, {
     requestStats: (id) => send({ t: 'stats-request', id }),
     nodeRefused: (node) => send({ t: 'node-refused', node }),
+    leaderFailed: (node) => send({ t: 'leader-failed', node }),
   });
 } catch (err) {
   send({ t: 'listen-failed', reason: err instanceof Error ? err.message : String(err) });

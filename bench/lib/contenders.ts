@@ -55,17 +55,25 @@ export interface LakefrontOptions {
 
 export async function startLakefront(upstream: Upstream, options: LakefrontOptions): Promise<Contender> {
   const args = [
-    join(ROOT, 'dist/src/cli.js'),
     '--nodes', nodeList(upstream),
-    '--port', '0',
-    '--host', '127.0.0.1',
     '--threads', String(options.threads),
-    '--health-interval-ms', '1000',
     ...(options.hedgeMs !== undefined ? ['--hedge-ms', String(options.hedgeMs)] : []),
     ...(options.hedgePercentile !== undefined ? ['--hedge-percentile', String(options.hedgePercentile)] : []),
     ...(options.extraArgs ?? []),
   ];
-  const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  return startLakefrontWith(options.name ?? `lakefront-${options.threads}t`, args);
+}
+
+/** Lakefront in front of etcd members (`id=url,...`) with one of the seed 002 policies. */
+export function startLakefrontOver(etcdNodes: string, policy: string, threads: number): Promise<Contender> {
+  return startLakefrontWith(`lakefront-${policy}`, ['--etcd', etcdNodes, '--etcd-policy', policy, '--threads', String(threads)]);
+}
+
+/** Starts `lakefront` on a free loopback port with `args`; resolves once it listens. */
+export async function startLakefrontWith(name: string, args: string[]): Promise<Contender> {
+  const child = spawn(process.execPath, [join(ROOT, 'dist/src/cli.js'), '--port', '0', '--host', '127.0.0.1', '--health-interval-ms', '1000', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let output = '';
   const url = await new Promise<string>((resolve, reject) => {
     child.stdout!.on('data', (c: Buffer) => {
@@ -76,7 +84,6 @@ export async function startLakefront(upstream: Upstream, options: LakefrontOptio
     child.stderr!.on('data', (c: Buffer) => (output += c.toString()));
     child.once('exit', (code) => reject(new Error(`lakefront exited ${code}: ${output}`)));
   });
-  const name = options.name ?? `lakefront-${options.threads}t`;
   return { name, url, proc: wrap(name, child, () => [child.pid!]) };
 }
 

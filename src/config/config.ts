@@ -4,7 +4,12 @@
  */
 import { parseArgs } from 'node:util';
 import { ConfigError } from '../errors.js';
+import { readFileSync } from 'node:fs';
 import { validateMembers, type MemberConfig } from '../membership/membership.js';
+import type { PolicyName } from '../server/protocol.js';
+import type { ClusterConfig, RouteConfig } from '../server/supervisor.js';
+import { parseFileConfig, type FileConfig } from './file.js';
+import { ETCD_POLICIES, etcdPreset } from './presets.js';
 import {
   DEFAULT_CLUSTER,
   DEFAULT_HEALTH_INTERVAL_MS,
@@ -25,7 +30,10 @@ export interface CliOption {
 
 /** Every option, for `--help` and the README's configuration table. */
 export const OPTIONS: readonly CliOption[] = [
-  { flag: 'nodes', env: 'LAKEFRONT_NODES', value: 'id=url,...', help: 'upstream nodes; none: start an embedded demo cluster of three' },
+  { flag: 'nodes', env: 'LAKEFRONT_NODES', value: 'id=url,...', help: 'nodes behind /rpc/*; with no nodes, etcd or config: an embedded demo cluster of three' },
+  { flag: 'etcd', env: 'LAKEFRONT_ETCD', value: 'id=url,...', help: 'etcd members behind /v3/* (leader-aware, seed 002)' },
+  { flag: 'etcd-policy', env: 'LAKEFRONT_ETCD_POLICY', value: 'hybrid|round_robin|boltzmann', help: 'routing policy for /v3/* [hybrid]' },
+  { flag: 'config', env: 'LAKEFRONT_CONFIG', value: 'file.json', help: 'clusters and routes from a JSON file (instead of --nodes/--etcd)' },
   { flag: 'port', env: 'PORT', value: 'n', help: 'listen port (0: any free port) [8080]' },
   { flag: 'host', env: 'LAKEFRONT_HOST', value: 'addr', help: `listen address [${DEFAULT_HOST}; 127.0.0.1 for the demo]` },
   { flag: 'threads', env: 'LAKEFRONT_THREADS', value: 'n', help: 'data-plane worker threads [one per core]' },
@@ -78,6 +86,22 @@ function decimal(raw: string, source: string, min: number, max: number): number 
   return value;
 }
 
+function readConfigFile(path: string, source: string): FileConfig {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new ConfigError(`${source}: cannot read ${JSON.stringify(path)} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (err) {
+    throw new ConfigError(`${path}: not valid JSON (${(err as Error).message})`);
+  }
+  return parseFileConfig(raw, path);
+}
+
 function oneOf<T extends string>(raw: string, source: string, allowed: readonly T[]): T {
   if (!(allowed as readonly string[]).includes(raw)) throw new ConfigError(`${source}: must be ${allowed.join(' or ')}, got ${JSON.stringify(raw)}`);
   return raw as T;
@@ -119,10 +143,38 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   };
 
   const nodesRaw = read('nodes');
-  const demo = nodesRaw === undefined;
-  const members = demo ? [] : parseNodes(nodesRaw[0], nodesRaw[1]);
+  const etcdRaw = read('etcd');
+  const configRaw = read('config');
+  if (configRaw && (nodesRaw || etcdRaw)) {
+    throw new ConfigError(`${configRaw[1]}: give clusters either in the file or with --nodes/--etcd, not both`);
+  }
+  const file = configRaw ? readConfigFile(configRaw[0], configRaw[1]) : null;
+  const demo = !nodesRaw && !etcdRaw && !file;
+  const clusters: ClusterConfig[] = [];
+  const routes: RouteConfig[] = [];
+  if (file) {
+    clusters.push(...file.clusters);
+    routes.push(...file.routes);
+  }
+  if (demo || nodesRaw) {
+    clusters.push({ name: DEFAULT_CLUSTER, members: nodesRaw ? parseNodes(nodesRaw[0], nodesRaw[1]) : [] });
+    routes.push(RPC_ROUTE);
+  }
+  if (etcdRaw) {
+    const policyRaw = read('etcd-policy');
+    const policy = policyRaw ? oneOf(policyRaw[0], policyRaw[1], ETCD_POLICIES) : 'hybrid';
+    const etcdMembers = parseNodes(etcdRaw[0], etcdRaw[1]);
+    if (nodesRaw) {
+      const taken = new Set(clusters[0]!.members.map((m) => m.id));
+      const clash = etcdMembers.find((m) => taken.has(m.id));
+      if (clash) throw new ConfigError(`${etcdRaw[1]}: node id "${clash.id}" is also in ${nodesRaw[1]}`);
+    }
+    const preset = etcdPreset('etcd', etcdMembers, policy as PolicyName);
+    clusters.push(preset.cluster);
+    routes.push(preset.route);
+  }
   const hostRaw = read('host');
-  const host = hostRaw ? hostRaw[0].trim() : demo ? '127.0.0.1' : DEFAULT_HOST;
+  const host = hostRaw ? hostRaw[0].trim() : (file?.host ?? (demo ? '127.0.0.1' : DEFAULT_HOST));
   if (host === '' || /\s/.test(host)) throw new ConfigError(`${hostRaw?.[1] ?? 'host'}: bad address ${JSON.stringify(host)}`);
   const percentileRaw = read('hedge-percentile');
   const budgetRaw = read('hedge-budget-percent');
@@ -131,10 +183,10 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
 
   const config: FrontDoorConfig = {
     host,
-    port: int('port', DEFAULT_PORT, 0, 65535),
-    threads: int('threads', defaultThreads(), 1, 256),
-    clusters: [{ name: DEFAULT_CLUSTER, members }],
-    routes: [RPC_ROUTE],
+    port: int('port', file?.port ?? DEFAULT_PORT, 0, 65535),
+    threads: int('threads', file?.threads ?? defaultThreads(), 1, 256),
+    clusters,
+    routes,
     healthIntervalMs: int('health-interval-ms', DEFAULT_HEALTH_INTERVAL_MS, 10, 3_600_000),
     healthTimeoutMs: int('health-timeout-ms', DEFAULT_HEALTH_TIMEOUT_MS, 1, 60_000),
     settings: defaultSettings({

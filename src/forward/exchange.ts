@@ -13,6 +13,8 @@
  *   `ALL_CANDIDATES_FAILED` (502). At most one hedge fires per request.
  * - A request that is not retryable gets exactly one attempt on one node: no hedge, no failover.
  *   If that attempt fails the outcome is unknown to us and it settles as `OUTCOME_UNKNOWN` (502).
+ *   One exception, off unless the route asks for it (`failoverUnsent`): an attempt that provably
+ *   sent nothing (connection refused) may be followed by one on the next candidate.
  *
  * An attempt *fails* when the transport errors (connect, reset, timeout) or when the node answers
  * 502, 503 or 504, which say the node could not serve rather than what the request did. Any other
@@ -46,6 +48,18 @@ export interface ExchangeDriver {
   readonly counters: ExchangeCounters;
 }
 
+/** Error codes that mean nothing was sent: the connection was never made. */
+const UNSENT_CODES: ReadonlySet<string> = new Set(['ECONNREFUSED', 'UND_ERR_CONNECT_TIMEOUT', 'ENOTFOUND', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL']);
+
+/**
+ * Whether a failed attempt provably never reached the node: its connection was refused, or it
+ * never left the queue. Anything else (a reset, a timeout after writing) may have landed.
+ */
+export function isUnsent(error: unknown): boolean {
+  const e = error as { code?: unknown; unsent?: unknown } | null;
+  return e !== null && typeof e === 'object' && (e.unsent === true || (typeof e.code === 'string' && UNSENT_CODES.has(e.code)));
+}
+
 /** Statuses that say the node could not serve: the attempt counts as failed. */
 export function isGatewayFailure(status: number): boolean {
   return status === 502 || status === 503 || status === 504;
@@ -67,6 +81,10 @@ export class Exchange {
   retryable = false;
   /** Whether a hedge may fire (retryable requests only). */
   hedgeEnabled = false;
+  /** A write whose attempt provably never left may go to the next candidate (nothing can land twice). */
+  failoverUnsent = false;
+  /** Operation class (OP_READ / OP_WRITE), for policies' feedback. */
+  op = 0;
   /** Opaque per-request state for the driver (the client response, the request body ...). */
   context: unknown = null;
 
@@ -129,7 +147,7 @@ export class Exchange {
     if (this.done) return;
     if (this.retryable && isGatewayFailure(status)) {
       this.lastError = status;
-      this.next();
+      this.next(false);
       return;
     }
     this.done = true;
@@ -149,14 +167,15 @@ export class Exchange {
     if (!this.finish(ordinal)) return;
     if (this.done) return;
     this.lastError = error;
-    this.next();
+    this.next(this.failoverUnsent && isUnsent(error));
   }
 
-  private next(): void {
+  /** After a failed attempt: try the next candidate if allowed (`unsentSafe`: it may, being unsent). */
+  private next(unsentSafe: boolean): void {
     // Another attempt (the hedge, or the primary it raced) is still running and may answer:
     // wait for it rather than adding load with a further attempt.
     if (this.inflight > 0) return;
-    if (this.retryable && this.launched < this.count) {
+    if ((this.retryable || unsentSafe) && this.launched < this.count) {
       this.driver.counters.failover();
       this.launch();
       // The hedge clock belongs to the attempt now leading; restart it for the new one.

@@ -53,7 +53,8 @@ export class UpstreamRequest implements H1Request {
 
 /** Told how each attempt ended, for counters, latency windows and passive health. */
 export interface AttemptObserver {
-  attemptEnded(node: number, ok: boolean, latencyMs: number, error: unknown): void;
+  /** `latencyMs` is -1 for an attempt we cancelled; `op` is the exchange's operation class. */
+  attemptEnded(node: number, ok: boolean, latencyMs: number, error: unknown, op: number): void;
 }
 
 /** One node's connections. */
@@ -104,7 +105,7 @@ class H1Attempt implements AttemptHandle, H1Handler {
     if (this.ended) return;
     this.ended = true;
     this.transport.pool.cancel(this.ticket!);
-    this.transport.observer.attemptEnded(this.node, true, -1, CANCELLED);
+    this.transport.observer.attemptEnded(this.node, true, -1, CANCELLED, this.exchange.op);
   }
 
   onResponse(status: number, headers: Buffer[], body: Buffer): void {
@@ -113,14 +114,14 @@ class H1Attempt implements AttemptHandle, H1Handler {
     const ms = performance.now() - this.startedAt;
     const ok = !isGatewayFailure(status);
     // A cancelled attempt that finished in its grace is still a true sample of the node.
-    this.transport.observer.attemptEnded(this.node, ok, ms, ok ? null : status);
+    this.transport.observer.attemptEnded(this.node, ok, ms, ok ? null : status, this.exchange.op);
     if (!this.cancelled) this.exchange.answered(this.ordinal, status, headers, body, ms);
   }
 
   onError(error: H1Error | NodeJS.ErrnoException): void {
     if (this.ended) return;
     this.ended = true;
-    this.transport.observer.attemptEnded(this.node, false, performance.now() - this.startedAt, error);
+    this.transport.observer.attemptEnded(this.node, false, performance.now() - this.startedAt, error, this.exchange.op);
     if (!this.cancelled) this.exchange.failed(this.ordinal, error);
   }
 }
@@ -223,7 +224,7 @@ class DispatchAttempt implements AttemptHandle {
     const ms = performance.now() - this.startedAt;
     const body = this.chunks !== null ? Buffer.concat(this.chunks) : this.single ?? EMPTY;
     const ok = !isGatewayFailure(this.status);
-    this.transport.observer.attemptEnded(this.node, ok, ms, ok ? null : this.status);
+    this.transport.observer.attemptEnded(this.node, ok, ms, ok ? null : this.status, this.exchange.op);
     if (!this.cancelled) this.exchange.answered(this.ordinal, this.status, this.rawHeaders, body, ms);
   }
 
@@ -232,10 +233,10 @@ class DispatchAttempt implements AttemptHandle {
     this.ended = true;
     if (this.killed) {
       // Dropped or closed by us (cancelled): not the node's fault.
-      this.transport.observer.attemptEnded(this.node, true, -1, CANCELLED);
+      this.transport.observer.attemptEnded(this.node, true, -1, CANCELLED, this.exchange.op);
       return;
     }
-    this.transport.observer.attemptEnded(this.node, false, performance.now() - this.startedAt, err);
+    this.transport.observer.attemptEnded(this.node, false, performance.now() - this.startedAt, err, this.exchange.op);
     if (!this.cancelled) this.exchange.failed(this.ordinal, err);
   }
 

@@ -10,6 +10,8 @@ export interface ClusterView {
   readonly weights: Float64Array;
   /** FLAG_* bits per node (membership/table.ts). */
   readonly flags: Int32Array;
+  /** The routable node the control plane published as leader, or -1. */
+  readonly leader: number;
 }
 
 export interface Policy {
@@ -18,10 +20,32 @@ export interface Policy {
   update(view: ClusterView): void;
   /**
    * Writes candidate node indices into `out`, best first (primary, then hedge and failover
-   * order), never repeating a node, and returns how many. `key` is the request's routing key;
-   * `op` its operation class (OP_READ / OP_WRITE).
+   * order), never repeating a node, and returns how many. `key` is the request's routing key
+   * (`''` when the route has none); `op` its operation class (OP_READ / OP_WRITE).
    */
   pick(key: string, op: number, out: Int32Array): number;
-  /** Feedback after an attempt ends (latency in milliseconds). */
+  /** Feedback after an attempt ends (latency in milliseconds; on failure, time until it failed). */
   observe?(node: number, latencyMs: number, ok: boolean, op: number): void;
+  /** A write to the published leader could not connect: stop pinning writes to it until the next update. */
+  leaderUnreachable?(node: number): void;
+}
+
+/** Indices of the routable nodes of `view`. */
+export function routable(view: ClusterView): number[] {
+  const out: number[] = [];
+  for (let i = 0; i < view.weights.length; i++) if (view.weights[i]! > 0) out.push(i);
+  return out;
+}
+
+/**
+ * Writes `nodes` into `out` starting at `nodes[start % n]` and wrapping, skipping `skip`;
+ * returns the new count. The shared tail of every policy: after the primary, try the others.
+ */
+export function rotateInto(nodes: readonly number[], start: number, out: Int32Array, count: number, skip = -1): number {
+  const n = nodes.length;
+  for (let i = 0; i < n; i++) {
+    const node = nodes[(start + i) % n]!;
+    if (node !== skip) out[count++] = node;
+  }
+  return count;
 }

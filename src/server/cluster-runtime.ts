@@ -7,12 +7,16 @@ import { HedgeBudget } from '../forward/budget.js';
 import { SampleWindow } from '../forward/latency.js';
 import type { H1Agent } from '../forward/h1.js';
 import { createTransport, type AttemptObserver, type NodeTransport, type UpstreamRequest } from '../forward/upstream.js';
-import { FLAG_ENABLED, FLAG_HEALTHY, type NodeRow } from '../membership/table.js';
+import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, type NodeRow } from '../membership/table.js';
 import { C_FAILOVERS, C_HEDGES, C_HEDGES_DENIED, C_HEDGE_WINS, N_ATTEMPTS, N_FAILURES, N_INFLIGHT, N_WINS, type CounterSlot } from '../metrics/counters.js';
 import type { NodeHistograms } from '../metrics/histograms.js';
+import { BoltzmannPolicy } from '../policies/boltzmann.js';
+import { HybridPolicy } from '../policies/hybrid.js';
 import { RendezvousPolicy } from '../policies/rendezvous.js';
+import { RoundRobinPolicy } from '../policies/round-robin.js';
 import type { ClusterView, Policy } from '../policies/types.js';
-import type { ClusterSpec, DataPlaneSettings, NodeSpec, PolicyName } from './protocol.js';
+import { isUnsent } from '../forward/exchange.js';
+import { OP_WRITE, type ClusterSpec, type DataPlaneSettings, type NodeSpec, type PolicyName, type PolicySettings } from './protocol.js';
 
 /** What an exchange's context must offer the runtime. */
 export interface ProxiedRequest {
@@ -20,11 +24,21 @@ export interface ProxiedRequest {
   settled(exchange: Exchange, runtime: ClusterRuntime): void;
 }
 
-export function createPolicy(name: PolicyName): Policy {
+export function createPolicy(name: PolicyName, settings: PolicySettings): Policy {
   switch (name) {
     case 'rendezvous':
       return new RendezvousPolicy();
+    case 'round_robin':
+      return new RoundRobinPolicy();
+    case 'boltzmann':
+      return new BoltzmannPolicy(settings);
+    case 'hybrid':
+      return new HybridPolicy(settings);
   }
+}
+
+interface MutableView extends ClusterView {
+  leader: number;
 }
 
 /** Minimum gap between two passive "connection refused" reports for one node. */
@@ -37,11 +51,12 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   readonly globalIndex: Int32Array;
   readonly windows: SampleWindow[];
   readonly counters: ExchangeCounters;
-  readonly view: ClusterView;
+  readonly view: MutableView;
   /** Shared by every route on this cluster, in this worker. */
   readonly hedgeBudget: HedgeBudget;
   private readonly transports: NodeTransport[];
   private readonly policies = new Map<PolicyName, Policy>();
+  private readonly policySettings: PolicySettings;
   private readonly lastRefusedAt: Float64Array;
 
   constructor(
@@ -52,6 +67,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
     private readonly histograms: NodeHistograms,
     private readonly onRefused: (globalNode: number) => void,
     agent: H1Agent,
+    private readonly onLeaderFailed: (globalNode: number) => void = () => undefined,
   ) {
     this.name = spec.name;
     this.ids = spec.nodes.map((g) => nodes[g]!.id);
@@ -69,7 +85,9 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
       ids: this.ids,
       weights: new Float64Array(spec.nodes.length),
       flags: new Int32Array(spec.nodes.length),
+      leader: -1,
     };
+    this.policySettings = spec.policySettings;
     const slotRef = slot;
     this.counters = {
       hedge: () => slotRef.bump(C_HEDGES),
@@ -87,7 +105,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   policy(name: PolicyName): Policy {
     let policy = this.policies.get(name);
     if (!policy) {
-      policy = createPolicy(name);
+      policy = createPolicy(name, this.policySettings);
       policy.update(this.view);
       this.policies.set(name, policy);
     }
@@ -97,12 +115,15 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   /** Re-reads this cluster's rows after a membership change and rebuilds every policy. */
   update(rows: readonly NodeRow[]): void {
     const { weights, flags } = this.view;
+    let leader = -1;
     for (let i = 0; i < this.size; i++) {
       const row = rows[this.globalIndex[i]!]!;
       const routable = (row.flags & (FLAG_HEALTHY | FLAG_ENABLED)) === (FLAG_HEALTHY | FLAG_ENABLED);
       weights[i] = routable ? row.weight : 0;
       flags[i] = row.flags;
+      if (routable && (row.flags & FLAG_LEADER) !== 0) leader = i;
     }
+    this.view.leader = leader;
     for (const policy of this.policies.values()) policy.update(this.view);
   }
 
@@ -131,11 +152,18 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
 
   // --- AttemptObserver ---
 
-  attemptEnded(node: number, ok: boolean, latencyMs: number, error: unknown): void {
+  attemptEnded(node: number, ok: boolean, latencyMs: number, error: unknown, op: number): void {
     const g = this.globalIndex[node]!;
     this.slot.dropNode(g, N_INFLIGHT);
+    if (latencyMs >= 0) for (const policy of this.policies.values()) policy.observe?.(node, latencyMs, ok, op);
     if (!ok) {
       this.slot.bumpNode(g, N_FAILURES);
+      if (op === OP_WRITE && node === this.view.leader && isUnsent(error)) {
+        // The published leader cannot be reached: stop pinning writes to it here, now, and
+        // tell the control plane, which clears it until a probe finds the leader again.
+        for (const policy of this.policies.values()) policy.leaderUnreachable?.(node);
+        this.onLeaderFailed(g);
+      }
       if ((error as { code?: unknown } | null)?.code === 'ECONNREFUSED') {
         const now = performance.now();
         if (now - this.lastRefusedAt[node]! >= REFUSED_REPORT_GAP_MS) {

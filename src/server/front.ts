@@ -25,6 +25,7 @@ import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
 import { NodeHistograms } from '../metrics/histograms.js';
 import type { Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
+import { OperationClassifier } from './operations.js';
 import { OP_READ, OP_WRITE, type RouteSpec, type WorkerInit } from './protocol.js';
 import { loadUws, type Uws } from './uws.js';
 
@@ -93,6 +94,7 @@ interface BoundRoute {
   readonly spec: RouteSpec;
   readonly runtime: ClusterRuntime;
   readonly policy: Policy;
+  readonly classifier: OperationClassifier | null;
 }
 
 /** One proxied request: its client response, what to send upstream, and the exchange. */
@@ -114,6 +116,7 @@ class ProxyRequest implements ProxiedRequest {
     path: string,
     headers: string[],
     private readonly retryable: boolean,
+    private readonly op: number,
     /** Declared content-length, or -1 when the body is chunked. */
     private readonly expected: number,
   ) {
@@ -160,10 +163,11 @@ class ProxyRequest implements ProxiedRequest {
     const exchange = new Exchange(runtime, runtime.size);
     exchange.context = this;
     exchange.retryable = this.retryable;
-    exchange.hedgeEnabled = this.retryable && this.front.hedging;
-    if (this.retryable) runtime.hedgeBudget.deposit();
-    const op = this.retryable ? OP_READ : OP_WRITE;
-    exchange.count = this.route.policy.pick(this.key, op, exchange.candidates);
+    exchange.hedgeEnabled = this.retryable && this.route.spec.hedge && this.front.hedging;
+    exchange.failoverUnsent = this.route.spec.failoverUnsent;
+    exchange.op = this.op;
+    if (exchange.hedgeEnabled) runtime.hedgeBudget.deposit();
+    exchange.count = this.route.policy.pick(this.key, this.op, exchange.candidates);
     this.exchange = exchange;
     exchange.begin();
   }
@@ -221,6 +225,7 @@ export interface FrontHooks {
   /** Ask the control plane for `/stats`; it answers through `statsReply`. */
   requestStats(id: number): void;
   nodeRefused(globalNode: number): void;
+  leaderFailed(globalNode: number): void;
 }
 
 export class WorkerFront {
@@ -259,11 +264,19 @@ export class WorkerFront {
     this.histograms = new NodeHistograms(init.nodes.length);
     this.agent = new H1Agent(sweepPeriodMs(init.settings.requestTimeoutMs));
     this.runtimes = init.clusters.map(
-      (spec) => new ClusterRuntime(spec, init.nodes, init.settings, this.slot, this.histograms, (g) => hooks.nodeRefused(g), this.agent),
+      (spec) =>
+        new ClusterRuntime(spec, init.nodes, init.settings, this.slot, this.histograms, (g) => hooks.nodeRefused(g), this.agent, (g) =>
+          hooks.leaderFailed(g),
+        ),
     );
     this.routes = init.routes.map((spec) => {
       const runtime = this.runtimes[spec.cluster]!;
-      return { spec, runtime, policy: runtime.policy(spec.policy) };
+      return {
+        spec,
+        runtime,
+        policy: runtime.policy(spec.policy),
+        classifier: spec.operations ? new OperationClassifier(spec.operations) : null,
+      };
     });
     this.rankScratch = new Int32Array(Math.max(1, ...this.runtimes.map((r) => r.size)));
     this.refresh();
@@ -413,16 +426,20 @@ export class WorkerFront {
 
   private proxy(route: BoundRoute, res: HttpResponse, req: HttpRequest): void {
     this.refresh();
-    const key = req.getHeader(route.spec.keyHeader);
-    if (key === '') {
-      this.slot.bump(C_REJECTED);
-      replyJson(res, 401, errorBody(`missing ${route.spec.keyHeader} header`, ErrorCodes.MISSING_BOARD), this.draining);
-      return;
-    }
-    if (key.length > MAX_KEY_LENGTH) {
-      this.slot.bump(C_REJECTED);
-      replyJson(res, 400, errorBody(`${route.spec.keyHeader} longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining);
-      return;
+    const keyHeader = route.spec.keyHeader;
+    let key = '';
+    if (keyHeader !== null) {
+      key = req.getHeader(keyHeader);
+      if (key === '') {
+        this.slot.bump(C_REJECTED);
+        replyJson(res, 401, errorBody(`missing ${keyHeader} header`, ErrorCodes.MISSING_BOARD), this.draining);
+        return;
+      }
+      if (key.length > MAX_KEY_LENGTH) {
+        this.slot.bump(C_REJECTED);
+        replyJson(res, 400, errorBody(`${keyHeader} longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining);
+        return;
+      }
     }
     const method = req.getCaseSensitiveMethod();
     const url = req.getUrl();
@@ -441,7 +458,15 @@ export class WorkerFront {
       replyJson(res, 400, errorBody('header value contains CR, LF or NUL', ErrorCodes.BAD_REQUEST), true);
       return;
     }
-    const retryable = isSafeMethod(method) || isIdempotentPath(url) || req.getHeader(IDEMPOTENT_HEADER) === '1';
+    let op: number;
+    let retryable: boolean;
+    if (route.classifier !== null) {
+      op = route.classifier.classify(url);
+      retryable = op === OP_READ;
+    } else {
+      retryable = isSafeMethod(method) || isIdempotentPath(url) || req.getHeader(IDEMPOTENT_HEADER) === '1';
+      op = retryable ? OP_READ : OP_WRITE;
+    }
     const contentLength = req.getHeader('content-length');
     const chunked = req.getHeader('transfer-encoding') !== '';
     let expected = -1;
@@ -459,7 +484,7 @@ export class WorkerFront {
       }
     }
     this.slot.bump(C_REQUESTS);
-    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, expected);
+    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected);
     this.active++;
     res.onAborted(() => request.onAborted());
     if (expected === 0) request.start();

@@ -8,7 +8,31 @@
 export const OP_READ = 0;
 export const OP_WRITE = 1;
 
-export type PolicyName = 'rendezvous';
+export type PolicyName = 'rendezvous' | 'round_robin' | 'boltzmann' | 'hybrid';
+
+export const POLICY_NAMES: readonly PolicyName[] = ['rendezvous', 'round_robin', 'boltzmann', 'hybrid'];
+
+/**
+ * How a route tells reads from writes. Paths are matched exactly, or by prefix when they end in
+ * `*`; a path that matches neither list takes `otherwise`.
+ */
+export interface OperationRules {
+  readonly reads: readonly string[];
+  readonly writes: readonly string[];
+  readonly otherwise: 'read' | 'write';
+}
+
+/** Knobs of the latency-aware policies (seed 002). */
+export interface PolicySettings {
+  /** EWMA weight of the newest sample (boltzmann, hybrid). Default 0.3. */
+  readonly ewmaAlpha: number;
+  /** Softmax temperature in milliseconds (boltzmann). Default 1. */
+  readonly temperatureMs: number;
+  /** A read pool member is an outlier above rho times the pool's median EWMA (hybrid). Default 2. */
+  readonly rho: number;
+  /** Share of reads still sent to ejected members so they can come back (hybrid). Default 0.005. */
+  readonly probeShare: number;
+}
 
 export type HedgeMode = 'percentile' | 'fixed' | 'off';
 
@@ -18,14 +42,27 @@ export interface RouteSpec {
   /** Index into `WorkerInit.clusters`. */
   readonly cluster: number;
   readonly policy: PolicyName;
-  /** Request header carrying the routing key; requests without it get 401. */
-  readonly keyHeader: string;
+  /** Request header carrying the routing key; requests without it get 401. Null: no key. */
+  readonly keyHeader: string | null;
+  /**
+   * Read/write classification by path; reads are retryable, writes get one attempt. Null: the
+   * `/rpc` contract (safe methods, idempotent procedures, `x-lakefront-idempotent: 1`).
+   */
+  readonly operations: OperationRules | null;
+  /** Whether retryable requests on this route may hedge. */
+  readonly hedge: boolean;
+  /**
+   * Whether a write whose attempt failed before anything was sent (connection refused) may go
+   * to the next candidate. Nothing reached the node, so this cannot apply a write twice.
+   */
+  readonly failoverUnsent: boolean;
 }
 
 export interface ClusterSpec {
   readonly name: string;
   /** Global node indices (rows of the membership table), in configuration order. */
   readonly nodes: readonly number[];
+  readonly policySettings: PolicySettings;
 }
 
 export interface NodeSpec {
@@ -77,6 +114,8 @@ export type WorkerMessage =
   | { readonly t: 'stats-request'; readonly id: number }
   | { readonly t: 'histograms'; readonly id: number; readonly encoded: (string | null)[] }
   | { readonly t: 'node-refused'; readonly node: number }
+  /** A write pinned to the cluster's published leader could not connect to it. */
+  | { readonly t: 'leader-failed'; readonly node: number }
   | { readonly t: 'drained'; readonly abandoned: number };
 
 /** Main -> worker. */

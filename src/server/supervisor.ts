@@ -10,24 +10,34 @@ import { EventEmitter } from 'node:events';
 import { createServer } from 'node:net';
 import { Worker } from 'node:worker_threads';
 import { Membership, type MemberConfig } from '../membership/membership.js';
-import { FLAG_ENABLED, FLAG_HEALTHY, TableWriter, type NodeRow } from '../membership/table.js';
+import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, TableWriter, type NodeRow } from '../membership/table.js';
 import { CounterSlot, counterBytes, readTotals } from '../metrics/counters.js';
 import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
-import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, PolicyName, RouteSpec, WorkerInit, WorkerMessage } from './protocol.js';
+import { EtcdLeaderProbe } from '../membership/leader.js';
+import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, WorkerInit, WorkerMessage } from './protocol.js';
 
 export interface ClusterConfig {
   readonly name: string;
   readonly members: readonly MemberConfig[];
   readonly healthPath?: string;
+  /** How the cluster's leader is found; none for leaderless clusters. */
+  readonly leader?: 'etcd' | null;
+  readonly leaderIntervalMs?: number;
+  readonly policySettings?: Partial<PolicySettings>;
 }
 
 export interface RouteConfig {
   readonly pattern: string;
   readonly cluster: string;
   readonly policy: PolicyName;
-  readonly keyHeader: string;
+  readonly keyHeader: string | null;
+  readonly operations?: OperationRules | null;
+  readonly hedge?: boolean;
+  readonly failoverUnsent?: boolean;
 }
+
+export const DEFAULT_POLICY_SETTINGS: PolicySettings = { ewmaAlpha: 0.3, temperatureMs: 1, rho: 2, probeShare: 0.005 };
 
 export interface FrontDoorConfig {
   readonly host: string;
@@ -65,6 +75,8 @@ export class FrontDoor extends EventEmitter {
   port = 0;
   readonly threads: number;
   readonly memberships: Membership[];
+  /** Per cluster: its leader probe, or null. */
+  readonly leaderProbes: (EtcdLeaderProbe | null)[];
   readonly router: Router;
   private readonly config: FrontDoorConfig;
   private readonly nodes: NodeSpec[];
@@ -98,14 +110,32 @@ export class FrontDoor extends EventEmitter {
         indices.push(this.nodes.length);
         this.nodes.push({ id: member.id, url: member.url, cluster: clusterIndex });
       }
-      this.clusters.push({ name: cluster.name, nodes: indices });
+      this.clusters.push({ name: cluster.name, nodes: indices, policySettings: { ...DEFAULT_POLICY_SETTINGS, ...cluster.policySettings } });
       membership.on('change', () => this.publish());
       return membership;
+    });
+    this.leaderProbes = config.clusters.map((cluster, i) => {
+      if (cluster.leader !== 'etcd') return null;
+      const probe = new EtcdLeaderProbe({
+        members: this.memberships[i]!.all(),
+        ...(cluster.leaderIntervalMs !== undefined ? { intervalMs: cluster.leaderIntervalMs } : {}),
+        ...(config.fetch !== undefined ? { fetch: config.fetch } : {}),
+      });
+      probe.on('change', () => this.publish());
+      return probe;
     });
     this.routes = config.routes.map((route) => {
       const cluster = config.clusters.findIndex((c) => c.name === route.cluster);
       if (cluster < 0) throw new Error(`route ${route.pattern}: unknown cluster "${route.cluster}"`);
-      return { pattern: route.pattern, cluster, policy: route.policy, keyHeader: route.keyHeader };
+      return {
+        pattern: route.pattern,
+        cluster,
+        policy: route.policy,
+        keyHeader: route.keyHeader,
+        operations: route.operations ?? null,
+        hedge: route.hedge ?? true,
+        failoverUnsent: route.failoverUnsent ?? false,
+      };
     });
     this.table = new TableWriter(this.nodes.length);
     this.counterSlots = config.threads + 1;
@@ -128,7 +158,7 @@ export class FrontDoor extends EventEmitter {
   /** Probes membership once, starts health polling and the workers; resolves once all listen. */
   static async start(config: FrontDoorConfig): Promise<FrontDoor> {
     const door = new FrontDoor(config);
-    await Promise.all(door.memberships.map((m) => m.probeOnce()));
+    await Promise.all([...door.memberships.map((m) => m.probeOnce()), ...door.leaderProbes.map((p) => p?.probeOnce())]);
     try {
       await door.spawnAll();
     } catch (err) {
@@ -136,6 +166,7 @@ export class FrontDoor extends EventEmitter {
       throw err;
     }
     for (const membership of door.memberships) membership.start();
+    for (const probe of door.leaderProbes) probe?.start();
     return door;
   }
 
@@ -166,6 +197,9 @@ export class FrontDoor extends EventEmitter {
       rejected: totals.rejected,
       hedgesDenied: totals.hedgesDenied,
       healthy: this.memberships.flatMap((m) => m.healthyIds()),
+      leaders: Object.fromEntries(
+        this.leaderProbes.flatMap((p, i) => (p ? [[this.clusters[i]!.name, p.leader]] : [])),
+      ),
       threads: this.threads,
       nodes,
     };
@@ -189,6 +223,7 @@ export class FrontDoor extends EventEmitter {
 
   private async drainAll(): Promise<void> {
     for (const membership of this.memberships) membership.stop();
+    for (const probe of this.leaderProbes) probe?.stop();
     const exits = [...this.workers.values()].map(
       (handle) =>
         new Promise<void>((resolve) => {
@@ -212,11 +247,13 @@ export class FrontDoor extends EventEmitter {
   private publish(): void {
     const rows: NodeRow[] = [];
     this.memberships.forEach((membership, clusterIndex) => {
+      // During construction the probes do not exist yet: no leader is known then anyway.
+      const leader = this.leaderProbes?.[clusterIndex]?.leader ?? null;
       for (const node of membership.nodes()) {
         const healthy = membership.isHealthy(node.id);
         rows.push({
           weight: node.weight,
-          flags: (healthy ? FLAG_HEALTHY : 0) | FLAG_ENABLED,
+          flags: (healthy ? FLAG_HEALTHY : 0) | FLAG_ENABLED | (node.id === leader ? FLAG_LEADER : 0),
           region: -1,
           cluster: clusterIndex,
           ewmaUs: 0,
@@ -327,6 +364,12 @@ export class FrontDoor extends EventEmitter {
       case 'node-refused': {
         const node = this.nodes[message.node];
         if (node) this.memberships[node.cluster]!.markUnhealthy(node.id);
+        break;
+      }
+      case 'leader-failed': {
+        const node = this.nodes[message.node];
+        const probe = node ? this.leaderProbes[node.cluster] : null;
+        if (node && probe && probe.leader === node.id) probe.clear();
         break;
       }
       default:

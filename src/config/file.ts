@@ -1,0 +1,195 @@
+/**
+ * The configuration file (`--config lakefront.json`): clusters and the routes onto them, for
+ * set-ups the flags do not cover (several clusters, per-route policies, etcd next to /rpc).
+ *
+ * ```json
+ * {
+ *   "port": 8080, "host": "0.0.0.0", "threads": 2,
+ *   "clusters": [
+ *     { "name": "boards", "nodes": "a=http://10.0.0.1:7000,b=http://10.0.0.2:7000" },
+ *     { "name": "etcd", "nodes": [{ "id": "e1", "url": "http://10.0.0.5:2379" }], "preset": "etcd" }
+ *   ],
+ *   "routes": [
+ *     { "path": "/rpc/*", "cluster": "boards", "policy": "rendezvous", "keyHeader": "x-lakefront-board" },
+ *     { "path": "/v3/*", "cluster": "etcd", "policy": "hybrid", "preset": "etcd" }
+ *   ]
+ * }
+ * ```
+ *
+ * Every bad value is a ConfigError naming its place, e.g. `routes[1].policy: unknown policy "x"`.
+ */
+import { ConfigError } from '../errors.js';
+import { validateMembers, type MemberConfig } from '../membership/membership.js';
+import { POLICY_NAMES, type OperationRules, type PolicyName, type PolicySettings } from '../server/protocol.js';
+import type { ClusterConfig, RouteConfig } from '../server/supervisor.js';
+import { ETCD_OPERATIONS, etcdPreset } from './presets.js';
+
+export interface FileConfig {
+  readonly port?: number;
+  readonly host?: string;
+  readonly threads?: number;
+  readonly clusters: ClusterConfig[];
+  readonly routes: RouteConfig[];
+}
+
+type Json = Record<string, unknown>;
+
+function isObject(v: unknown): v is Json {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+function fail(where: string, message: string): never {
+  throw new ConfigError(`${where}: ${message}`);
+}
+
+function str(obj: Json, key: string, where: string, required: true): string;
+function str(obj: Json, key: string, where: string, required?: false): string | undefined;
+function str(obj: Json, key: string, where: string, required = false): string | undefined {
+  const v = obj[key];
+  if (v === undefined) return required ? fail(`${where}.${key}`, 'is required') : undefined;
+  if (typeof v !== 'string' || v === '') fail(`${where}.${key}`, `must be a non-empty string, got ${JSON.stringify(v)}`);
+  return v;
+}
+
+function num(obj: Json, key: string, where: string, min: number, max: number): number | undefined {
+  const v = obj[key];
+  if (v === undefined) return undefined;
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) fail(`${where}.${key}`, `must be a number in ${min}..${max}, got ${JSON.stringify(v)}`);
+  return v;
+}
+
+function bool(obj: Json, key: string, where: string): boolean | undefined {
+  const v = obj[key];
+  if (v === undefined) return undefined;
+  if (typeof v !== 'boolean') fail(`${where}.${key}`, `must be true or false, got ${JSON.stringify(v)}`);
+  return v;
+}
+
+function known(obj: Json, keys: readonly string[], where: string): void {
+  for (const key of Object.keys(obj)) if (!keys.includes(key)) fail(`${where}.${key}`, `unknown setting (known: ${keys.join(', ')})`);
+}
+
+function members(value: unknown, where: string): MemberConfig[] {
+  if (typeof value === 'string') {
+    const list = value.split(',').map((entry) => entry.trim()).filter(Boolean).map((entry) => {
+      const eq = entry.indexOf('=');
+      if (eq <= 0) fail(where, `bad entry ${JSON.stringify(entry)} (want id=url)`);
+      return { id: entry.slice(0, eq), url: entry.slice(eq + 1) };
+    });
+    return validateMembers(list, where);
+  }
+  if (!Array.isArray(value)) fail(where, 'must be "id=url,..." or a list of { id, url }');
+  return validateMembers(
+    value.map((m, i) => {
+      if (!isObject(m)) fail(`${where}[${i}]`, 'must be { id, url }');
+      return { id: m.id as string, url: m.url as string };
+    }),
+    where,
+  );
+}
+
+function operations(value: unknown, where: string): OperationRules {
+  if (!isObject(value)) fail(where, 'must be { reads: [...], writes: [...], otherwise: "read" | "write" }');
+  known(value, ['reads', 'writes', 'otherwise'], where);
+  const list = (key: string): string[] => {
+    const v = value[key] ?? [];
+    if (!Array.isArray(v) || v.some((p) => typeof p !== 'string' || !p.startsWith('/'))) fail(`${where}.${key}`, 'must be a list of paths starting with /');
+    return v as string[];
+  };
+  const otherwise = value.otherwise ?? 'write';
+  if (otherwise !== 'read' && otherwise !== 'write') fail(`${where}.otherwise`, `must be "read" or "write", got ${JSON.stringify(otherwise)}`);
+  return { reads: list('reads'), writes: list('writes'), otherwise };
+}
+
+/** Validates a parsed configuration file. */
+export function parseFileConfig(raw: unknown, file: string): FileConfig {
+  if (!isObject(raw)) fail(file, 'must hold a JSON object');
+  known(raw, ['port', 'host', 'threads', 'clusters', 'routes'], file);
+  const clustersRaw = raw.clusters;
+  if (!Array.isArray(clustersRaw) || clustersRaw.length === 0) fail(`${file}: clusters`, 'must be a non-empty list');
+  const clusters: ClusterConfig[] = [];
+  const presets = new Map<string, string>();
+  const seenNodeIds = new Set<string>();
+  clustersRaw.forEach((c, i) => {
+    const where = `${file}: clusters[${i}]`;
+    if (!isObject(c)) fail(where, 'must be an object');
+    known(c, ['name', 'nodes', 'healthPath', 'preset', 'leader', 'leaderIntervalMs', 'policy'], where);
+    const name = str(c, 'name', where, true);
+    if (clusters.some((x) => x.name === name)) fail(`${where}.name`, `duplicate cluster "${name}"`);
+    const list = members(c.nodes, `${where}.nodes`);
+    for (const m of list) {
+      if (seenNodeIds.has(m.id)) fail(`${where}.nodes`, `node id "${m.id}" is used by another cluster`);
+      seenNodeIds.add(m.id);
+    }
+    const preset = str(c, 'preset', where);
+    if (preset !== undefined && preset !== 'etcd') fail(`${where}.preset`, `unknown preset "${preset}" (known: etcd)`);
+    const leader = c.leader ?? (preset === 'etcd' ? 'etcd' : null);
+    if (leader !== null && leader !== 'etcd') fail(`${where}.leader`, `must be "etcd" or null, got ${JSON.stringify(leader)}`);
+    const healthPath = str(c, 'healthPath', where) ?? '/health';
+    if (!healthPath.startsWith('/')) fail(`${where}.healthPath`, `must start with /, got ${JSON.stringify(healthPath)}`);
+    let policySettings: Partial<PolicySettings> | undefined;
+    if (c.policy !== undefined) {
+      if (!isObject(c.policy)) fail(`${where}.policy`, 'must be an object');
+      known(c.policy, ['ewmaAlpha', 'temperatureMs', 'rho', 'probeShare'], `${where}.policy`);
+      policySettings = {
+        ...(num(c.policy, 'ewmaAlpha', `${where}.policy`, 0.001, 1) !== undefined ? { ewmaAlpha: c.policy.ewmaAlpha as number } : {}),
+        ...(num(c.policy, 'temperatureMs', `${where}.policy`, 0.001, 1e6) !== undefined ? { temperatureMs: c.policy.temperatureMs as number } : {}),
+        ...(num(c.policy, 'rho', `${where}.policy`, 1, 1000) !== undefined ? { rho: c.policy.rho as number } : {}),
+        ...(num(c.policy, 'probeShare', `${where}.policy`, 0, 1) !== undefined ? { probeShare: c.policy.probeShare as number } : {}),
+      };
+    }
+    const leaderIntervalMs = num(c, 'leaderIntervalMs', where, 10, 60_000);
+    if (preset) presets.set(name, preset);
+    clusters.push({
+      name,
+      members: list,
+      healthPath,
+      leader: leader as 'etcd' | null,
+      ...(leaderIntervalMs !== undefined ? { leaderIntervalMs } : {}),
+      ...(policySettings ? { policySettings } : {}),
+    });
+  });
+  const routesRaw = raw.routes;
+  if (!Array.isArray(routesRaw) || routesRaw.length === 0) fail(`${file}: routes`, 'must be a non-empty list');
+  const routes: RouteConfig[] = routesRaw.map((r, i) => {
+    const where = `${file}: routes[${i}]`;
+    if (!isObject(r)) fail(where, 'must be an object');
+    known(r, ['path', 'cluster', 'policy', 'keyHeader', 'preset', 'operations', 'hedge', 'failoverUnsent'], where);
+    const path = str(r, 'path', where, true);
+    if (!/^\/[^*]*\*?$/.test(path)) fail(`${where}.path`, `must start with / and may end in *, got ${JSON.stringify(path)}`);
+    const cluster = str(r, 'cluster', where, true);
+    if (!clusters.some((c) => c.name === cluster)) fail(`${where}.cluster`, `unknown cluster "${cluster}"`);
+    const preset = str(r, 'preset', where) ?? presets.get(cluster);
+    if (preset !== undefined && preset !== 'etcd') fail(`${where}.preset`, `unknown preset "${preset}" (known: etcd)`);
+    const policy = (str(r, 'policy', where) ?? (preset === 'etcd' ? 'hybrid' : 'rendezvous')) as PolicyName;
+    if (!POLICY_NAMES.includes(policy)) fail(`${where}.policy`, `unknown policy "${policy}" (known: ${POLICY_NAMES.join(', ')})`);
+    const base: RouteConfig = preset === 'etcd' ? etcdPreset(cluster, [], policy, path).route : { pattern: path, cluster, policy, keyHeader: null };
+    const keyHeader = r.keyHeader === null ? null : (str(r, 'keyHeader', where)?.toLowerCase() ?? base.keyHeader);
+    if (policy === 'rendezvous' && keyHeader === null) fail(`${where}.keyHeader`, 'the rendezvous policy needs a key header');
+    return {
+      ...base,
+      keyHeader,
+      operations: r.operations !== undefined ? operations(r.operations, `${where}.operations`) : (base.operations ?? null),
+      hedge: bool(r, 'hedge', where) ?? base.hedge ?? true,
+      failoverUnsent: bool(r, 'failoverUnsent', where) ?? base.failoverUnsent ?? false,
+    };
+  });
+  const paths = new Set<string>();
+  for (const [i, route] of routes.entries()) {
+    if (paths.has(route.pattern)) fail(`${file}: routes[${i}].path`, `duplicate path "${route.pattern}"`);
+    paths.add(route.pattern);
+  }
+  const port = num(raw, 'port', file, 0, 65535);
+  const threads = num(raw, 'threads', file, 1, 256);
+  if (port !== undefined && !Number.isInteger(port)) fail(`${file}: port`, `must be a whole number, got ${port}`);
+  if (threads !== undefined && !Number.isInteger(threads)) fail(`${file}: threads`, `must be a whole number, got ${threads}`);
+  return {
+    ...(port !== undefined ? { port } : {}),
+    ...(threads !== undefined ? { threads } : {}),
+    ...(str(raw, 'host', file) !== undefined ? { host: raw.host as string } : {}),
+    clusters,
+    routes,
+  };
+}
+
+export { ETCD_OPERATIONS };

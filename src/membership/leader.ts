@@ -1,0 +1,134 @@
+/**
+ * Leader detection for leader-based stores, run by the control plane (seed 002, section III-D:
+ * active refresh, not start-up-only detection).
+ *
+ * etcd: every `intervalMs` (250) each member is asked `POST /v3/maintenance/status` through its
+ * JSON gateway. Its answer names itself (`header.member_id`), the leader it follows (`leader`)
+ * and the Raft term (`raftTerm`). The leader published is the one named in the highest term
+ * among the answers, and only if that member answered this round itself: followers keep naming
+ * a dead leader until their election timeout, and publishing it would pin writes to a corpse.
+ */
+import { EventEmitter } from 'node:events';
+import type { MemberConfig } from './membership.js';
+
+export interface LeaderProbeOptions {
+  readonly members: readonly MemberConfig[];
+  /** Default 250. */
+  readonly intervalMs?: number;
+  /** Per-request deadline. Default 200. */
+  readonly timeoutMs?: number;
+  readonly fetch?: typeof globalThis.fetch;
+}
+
+export const DEFAULT_LEADER_INTERVAL_MS = 250;
+
+interface StatusAnswer {
+  readonly id: string;
+  readonly memberId: string;
+  readonly leader: string;
+  readonly term: bigint;
+}
+
+/** Emits `change` when the detected leader (a member id of ours, or null) changes. */
+export class EtcdLeaderProbe extends EventEmitter {
+  private current: string | null = null;
+  private readonly members: readonly MemberConfig[];
+  private readonly intervalMs: number;
+  private readonly timeoutMs: number;
+  private readonly fetchImpl: typeof globalThis.fetch;
+  /** etcd member id (decimal string) -> our node id, learned from each member's own answer. */
+  private readonly byMemberId = new Map<string, string>();
+  private timer: NodeJS.Timeout | null = null;
+  private running = false;
+  private probing: Promise<void> | null = null;
+
+  constructor(options: LeaderProbeOptions) {
+    super();
+    this.members = options.members;
+    this.intervalMs = options.intervalMs ?? DEFAULT_LEADER_INTERVAL_MS;
+    this.timeoutMs = options.timeoutMs ?? 200;
+    this.fetchImpl = options.fetch ?? globalThis.fetch;
+  }
+
+  /** Our id of the current leader, or null when none is known. */
+  get leader(): string | null {
+    return this.current;
+  }
+
+  /** The etcd member id we learned for one of our nodes (for tests and stats). */
+  memberIdOf(id: string): string | undefined {
+    for (const [memberId, node] of this.byMemberId) if (node === id) return memberId;
+    return undefined;
+  }
+
+  /** Forget the leader now (a write to it could not connect); the next round may find it again. */
+  clear(): void {
+    this.set(null);
+  }
+
+  probeOnce(): Promise<void> {
+    if (this.probing) return this.probing;
+    this.probing = Promise.all(this.members.map((m) => this.status(m))).then((answers) => {
+      this.probing = null;
+      let best: StatusAnswer | null = null;
+      const answered = new Set<string>();
+      for (const answer of answers) {
+        if (answer === null) continue;
+        answered.add(answer.id);
+        this.byMemberId.set(answer.memberId, answer.id);
+        if (answer.leader !== '0' && (best === null || answer.term > best.term)) best = answer;
+      }
+      const leaderId = best !== null ? this.byMemberId.get(best.leader) : undefined;
+      this.set(leaderId !== undefined && answered.has(leaderId) ? leaderId : null);
+    });
+    return this.probing;
+  }
+
+  start(): void {
+    if (this.running) return;
+    this.running = true;
+    this.schedule();
+  }
+
+  stop(): void {
+    this.running = false;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+  }
+
+  private set(leader: string | null): void {
+    if (leader === this.current) return;
+    this.current = leader;
+    this.emit('change', leader);
+  }
+
+  private schedule(): void {
+    if (!this.running) return;
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      void this.probeOnce().finally(() => this.schedule());
+    }, this.intervalMs);
+    this.timer.unref();
+  }
+
+  private async status(member: MemberConfig): Promise<StatusAnswer | null> {
+    try {
+      const res = await this.fetchImpl(`${member.url}/v3/maintenance/status`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: '{}',
+        signal: AbortSignal.timeout(this.timeoutMs),
+      });
+      if (res.status !== 200) {
+        await res.arrayBuffer();
+        return null;
+      }
+      const body = (await res.json()) as { header?: { member_id?: string }; leader?: string; raftTerm?: string };
+      const memberId = body.header?.member_id;
+      if (typeof memberId !== 'string') return null;
+      return { id: member.id, memberId, leader: String(body.leader ?? '0'), term: BigInt(body.raftTerm ?? '0') };
+    } catch {
+      return null;
+    }
+  }
+}

@@ -1,0 +1,114 @@
+/**
+ * boltzmann: latency-adaptive exploration (seed 002, section III-C), the paper's diagnostic
+ * comparator. Each member keeps an EWMA of its observed latency (alpha 0.3); the primary is drawn
+ * with probability proportional to exp(-(ewma - best) / temperature) (temperature 1 ms), so
+ * faster members are chosen more often and the others are still explored. A failure inflates the
+ * estimate; more than three consecutive failures leave a member near-zero probability. It has no
+ * notion of reads and writes: that is the point of comparing it.
+ */
+import type { PolicySettings } from '../server/protocol.js';
+import { routable, type ClusterView, type Policy } from './types.js';
+
+/** A failed attempt counts as at least this slow. */
+const FAILURE_PENALTY_MS = 100;
+/** Probability factor for a member past MAX_FAILURES consecutive failures. */
+const NEAR_ZERO = 1e-6;
+const MAX_FAILURES = 3;
+
+export class BoltzmannPolicy implements Policy {
+  readonly name = 'boltzmann';
+  private nodes: number[] = [];
+  private ewmaMs: Float64Array = new Float64Array(0);
+  private failures: Int32Array = new Int32Array(0);
+  private probability: Float64Array = new Float64Array(0);
+  /** Routable members, most probable first: the failover order after the drawn primary. */
+  private order: Int32Array = new Int32Array(0);
+  private total = 0;
+
+  constructor(private readonly settings: PolicySettings) {}
+
+  update(view: ClusterView): void {
+    const size = view.weights.length;
+    if (this.ewmaMs.length !== size) {
+      this.ewmaMs = new Float64Array(size).fill(Number.NaN);
+      this.failures = new Int32Array(size);
+      this.probability = new Float64Array(size);
+      this.order = new Int32Array(size);
+    }
+    this.nodes = routable(view);
+    this.recompute();
+  }
+
+  /** Current selection probability of `node` (for tests and stats). */
+  share(node: number): number {
+    return this.total > 0 ? this.probability[node]! / this.total : 0;
+  }
+
+  pick(_key: string, _op: number, out: Int32Array): number {
+    const nodes = this.nodes;
+    const n = nodes.length;
+    if (n === 0) return 0;
+    let r = Math.random() * this.total;
+    let primary = nodes[n - 1]!;
+    for (const node of nodes) {
+      r -= this.probability[node]!;
+      if (r < 0) {
+        primary = node;
+        break;
+      }
+    }
+    out[0] = primary;
+    let count = 1;
+    for (let i = 0; i < n; i++) {
+      const node = this.order[i]!;
+      if (node !== primary) out[count++] = node;
+    }
+    return count;
+  }
+
+  observe(node: number, latencyMs: number, ok: boolean): void {
+    const { ewmaAlpha: alpha } = this.settings;
+    const previous = this.ewmaMs[node]!;
+    let sample = latencyMs;
+    if (ok) this.failures[node] = 0;
+    else {
+      this.failures[node]!++;
+      sample = Math.max(FAILURE_PENALTY_MS, Number.isNaN(previous) ? 0 : previous * 2, latencyMs);
+    }
+    this.ewmaMs[node] = Number.isNaN(previous) ? sample : alpha * sample + (1 - alpha) * previous;
+    this.recompute();
+  }
+
+  private recompute(): void {
+    const { temperatureMs } = this.settings;
+    // Unmeasured members count as the best measured one, so they are explored at once.
+    let best = Infinity;
+    for (const node of this.nodes) {
+      const e = this.ewmaMs[node]!;
+      if (!Number.isNaN(e) && e < best) best = e;
+    }
+    if (best === Infinity) best = 0;
+    let total = 0;
+    for (const node of this.nodes) {
+      const e = this.ewmaMs[node]!;
+      let p = Math.exp(-((Number.isNaN(e) ? best : e) - best) / temperatureMs);
+      if (this.failures[node]! > MAX_FAILURES) p *= NEAR_ZERO;
+      // Keep every member representable: exp() of a large gap underflows to 0.
+      p = Math.max(p, Number.MIN_VALUE);
+      this.probability[node] = p;
+      total += p;
+    }
+    this.total = total;
+    // Insertion sort by probability: a handful of members, no allocation.
+    const order = this.order;
+    let n = 0;
+    for (const node of this.nodes) {
+      let j = n++;
+      while (j > 0 && this.probability[order[j - 1]!]! < this.probability[node]!) {
+        order[j] = order[j - 1]!;
+        j--;
+      }
+      order[j] = node;
+    }
+  }
+}

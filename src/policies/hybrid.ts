@@ -1,0 +1,132 @@
+/**
+ * hybrid: operation-type-aware routing for leader-based stores (seed 002, section III-D).
+ *
+ * - Writes go to the leader the control plane published; with no leader known (or after a write
+ *   to it could not connect) they fall back to round robin until a leader is published again.
+ * - Reads go round robin over the healthy read pool. A member whose read EWMA (alpha 0.3)
+ *   exceeds rho (2) times the median EWMA of the routable members leaves the read pool until it
+ *   no longer does; a small probe share of reads (0.5%) still reaches ejected members, so their
+ *   EWMA can recover and they can return.
+ */
+import { OP_WRITE, type PolicySettings } from '../server/protocol.js';
+import { rotateInto, routable, type ClusterView, type Policy } from './types.js';
+
+/** Read samples a member needs before it can be judged an outlier. */
+const MIN_SAMPLES = 5;
+/** A failed read counts as at least this slow. */
+const FAILURE_PENALTY_MS = 100;
+
+export class HybridPolicy implements Policy {
+  readonly name = 'hybrid';
+  private nodes: number[] = [];
+  private pool: number[] = [];
+  private ejected: number[] = [];
+  private leader = -1;
+  private leaderSuspect = false;
+  private readEwmaMs: Float64Array = new Float64Array(0);
+  private readSamples: Int32Array = new Int32Array(0);
+  private isEjected: Uint8Array = new Uint8Array(0);
+  private scratch: Float64Array = new Float64Array(0);
+  private nextRead = 0;
+  private nextWrite = 0;
+
+  constructor(private readonly settings: PolicySettings) {}
+
+  update(view: ClusterView): void {
+    const size = view.weights.length;
+    if (this.readEwmaMs.length !== size) {
+      this.readEwmaMs = new Float64Array(size).fill(Number.NaN);
+      this.readSamples = new Int32Array(size);
+      this.isEjected = new Uint8Array(size);
+      this.scratch = new Float64Array(size);
+    }
+    this.nodes = routable(view);
+    this.leader = view.leader;
+    // A new publication supersedes what this thread suspected of the old one.
+    this.leaderSuspect = false;
+    this.judge();
+  }
+
+  /** Whether `node` is currently out of the read pool (for tests and stats). */
+  ejectedNow(node: number): boolean {
+    return this.isEjected[node] === 1;
+  }
+
+  pick(_key: string, op: number, out: Int32Array): number {
+    const nodes = this.nodes;
+    if (nodes.length === 0) return 0;
+    if (op === OP_WRITE) {
+      if (this.leader >= 0 && !this.leaderSuspect) {
+        out[0] = this.leader;
+        const start = this.nextWrite;
+        this.nextWrite = (start + 1) % nodes.length;
+        return rotateInto(nodes, start, out, 1, this.leader);
+      }
+      const start = this.nextWrite;
+      this.nextWrite = (start + 1) % nodes.length;
+      return rotateInto(nodes, start, out, 0);
+    }
+    const pool = this.pool.length > 0 ? this.pool : nodes;
+    let primary: number;
+    if (this.ejected.length > 0 && this.pool.length > 0 && Math.random() < this.settings.probeShare) {
+      primary = this.ejected[(Math.random() * this.ejected.length) | 0]!;
+    } else {
+      const start = this.nextRead;
+      this.nextRead = (start + 1) % pool.length;
+      primary = pool[start % pool.length]!;
+    }
+    out[0] = primary;
+    // Failover: the rest of the pool, then the ejected members.
+    let count = rotateInto(pool, this.nextRead, out, 1, primary);
+    if (pool !== nodes) for (const node of this.ejected) if (node !== primary) out[count++] = node;
+    return count;
+  }
+
+  observe(node: number, latencyMs: number, ok: boolean, op: number): void {
+    if (op === OP_WRITE) return;
+    const previous = this.readEwmaMs[node]!;
+    const sample = ok ? latencyMs : Math.max(FAILURE_PENALTY_MS, latencyMs, Number.isNaN(previous) ? 0 : previous * 2);
+    this.readEwmaMs[node] = Number.isNaN(previous) ? sample : this.settings.ewmaAlpha * sample + (1 - this.settings.ewmaAlpha) * previous;
+    this.readSamples[node]!++;
+    this.judge();
+  }
+
+  leaderUnreachable(node: number): void {
+    if (node === this.leader) this.leaderSuspect = true;
+  }
+
+  /** Recomputes the read pool: out goes every member above rho times the median EWMA. */
+  private judge(): void {
+    // Median of the measured EWMAs, by insertion sort into a scratch array: no allocation.
+    const sorted = this.scratch;
+    let m = 0;
+    for (const node of this.nodes) {
+      if (this.readSamples[node]! < MIN_SAMPLES) continue;
+      const e = this.readEwmaMs[node]!;
+      let j = m++;
+      while (j > 0 && sorted[j - 1]! > e) {
+        sorted[j] = sorted[j - 1]!;
+        j--;
+      }
+      sorted[j] = e;
+    }
+    let limit = Infinity;
+    if (m >= 2) {
+      const mid = m >> 1;
+      const median = m % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+      limit = this.settings.rho * median;
+    }
+    let changed = false;
+    for (const node of this.nodes) {
+      const out = this.readSamples[node]! >= MIN_SAMPLES && this.readEwmaMs[node]! > limit ? 1 : 0;
+      if (this.isEjected[node] !== out) {
+        this.isEjected[node] = out;
+        changed = true;
+      }
+    }
+    if (changed || this.pool.length + this.ejected.length !== this.nodes.length) {
+      this.pool = this.nodes.filter((n) => this.isEjected[n] === 0);
+      this.ejected = this.nodes.filter((n) => this.isEjected[n] === 1);
+    }
+  }
+}

@@ -1,0 +1,110 @@
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, it } from 'node:test';
+import { parseCommand } from '../src/config/config.js';
+import { parseFileConfig } from '../src/config/file.js';
+import type { FrontDoorConfig } from '../src/server/supervisor.js';
+
+function run(argv: string[], env: Record<string, string> = {}): FrontDoorConfig {
+  const command = parseCommand(argv, env);
+  assert.equal(command.kind, 'run');
+  return (command as { config: FrontDoorConfig }).config;
+}
+
+describe('flags and environment', () => {
+  it('with nothing configured: the demo cluster behind /rpc/*, on loopback', () => {
+    const command = parseCommand([], {});
+    assert.equal(command.kind, 'run');
+    assert.equal((command as { demo: boolean }).demo, true);
+    assert.equal((command as { config: FrontDoorConfig }).config.host, '127.0.0.1');
+  });
+
+  it('--etcd adds a leader-probed etcd cluster behind /v3/* with the hybrid policy', () => {
+    const config = run(['--etcd', 'e1=http://127.0.0.1:2379,e2=http://127.0.0.1:2479']);
+    assert.deepEqual(config.clusters.map((c) => [c.name, c.leader, c.healthPath]), [['etcd', 'etcd', '/health']]);
+    const [route] = config.routes;
+    assert.equal(route!.pattern, '/v3/*');
+    assert.equal(route!.policy, 'hybrid');
+    assert.equal(route!.keyHeader, null);
+    assert.equal(route!.hedge, false);
+    assert.equal(route!.failoverUnsent, true);
+    assert.deepEqual(route!.operations!.reads, ['/v3/kv/range']);
+  });
+
+  it('--nodes and --etcd together serve /rpc/* and /v3/*', () => {
+    const config = run(['--nodes', 'a=http://127.0.0.1:1', '--etcd', 'e1=http://127.0.0.1:2', '--etcd-policy', 'round_robin']);
+    assert.deepEqual(config.routes.map((r) => [r.pattern, r.policy]), [['/rpc/*', 'rendezvous'], ['/v3/*', 'round_robin']]);
+  });
+
+  const bad: [string, string[], Record<string, string>, RegExp][] = [
+    ['unknown etcd policy', ['--etcd', 'e1=http://127.0.0.1:2', '--etcd-policy', 'random'], {}, /--etcd-policy: must be hybrid or round_robin or boltzmann, got "random"/],
+    ['the same id in both clusters', ['--nodes', 'a=http://127.0.0.1:1', '--etcd', 'a=http://127.0.0.1:2'], {}, /node id "a" is also in --nodes/],
+    ['config file and --nodes', ['--config', '/nonexistent.json', '--nodes', 'a=http://127.0.0.1:1'], {}, /--config: give clusters either in the file or with --nodes\/--etcd/],
+    ['missing config file', ['--config', '/nonexistent.json'], {}, /--config: cannot read "\/nonexistent.json" \(ENOENT\)/],
+    ['bad hedge mode', ['--hedge-mode', 'sometimes'], {}, /--hedge-mode: must be percentile or fixed or off/],
+  ];
+  for (const [name, argv, env, pattern] of bad) {
+    it(`rejects ${name} with one line naming it`, () => {
+      assert.throws(() => parseCommand(argv, env), (err: Error) => {
+        assert.match(err.message, pattern);
+        assert.equal(err.message.includes('\n'), false);
+        return true;
+      });
+    });
+  }
+});
+
+describe('configuration file', () => {
+  const good = {
+    port: 0,
+    threads: 1,
+    clusters: [
+      { name: 'boards', nodes: 'a=http://127.0.0.1:1,b=http://127.0.0.1:2' },
+      { name: 'kv', nodes: [{ id: 'e1', url: 'http://127.0.0.1:3' }], preset: 'etcd', policy: { rho: 3 } },
+    ],
+    routes: [
+      { path: '/rpc/*', cluster: 'boards', keyHeader: 'X-Lakefront-Board' },
+      { path: '/v3/*', cluster: 'kv', policy: 'boltzmann' },
+      { path: '/kv2/*', cluster: 'kv', preset: 'etcd', operations: { reads: ['/kv2/get'], writes: [], otherwise: 'write' } },
+    ],
+  };
+
+  it('reads clusters, routes and presets', () => {
+    const file = parseFileConfig(good, 'lf.json');
+    assert.equal(file.port, 0);
+    assert.equal(file.threads, 1);
+    assert.equal(file.clusters[1]!.leader, 'etcd');
+    assert.equal(file.clusters[1]!.policySettings!.rho, 3);
+    assert.equal(file.routes[0]!.policy, 'rendezvous');
+    assert.equal(file.routes[0]!.keyHeader, 'x-lakefront-board');
+    assert.equal(file.routes[1]!.policy, 'boltzmann');
+    assert.equal(file.routes[1]!.operations!.reads[0], '/v3/kv/range', 'the cluster preset applies to its routes');
+    assert.deepEqual(file.routes[2]!.operations!.reads, ['/kv2/get']);
+  });
+
+  it('is what --config loads', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lakefront-config-'));
+    const path = join(dir, 'lf.json');
+    writeFileSync(path, JSON.stringify(good));
+    const config = run(['--config', path]);
+    assert.equal(config.port, 0);
+    assert.equal(config.threads, 1);
+    assert.equal(config.routes.length, 3);
+  });
+
+  const bad: [string, unknown, RegExp][] = [
+    ['an unknown policy', { ...good, routes: [{ path: '/x/*', cluster: 'boards', policy: 'hybird' }] }, /lf\.json: routes\[0\]\.policy: unknown policy "hybird"/],
+    ['an unknown cluster', { ...good, routes: [{ path: '/x/*', cluster: 'nope' }] }, /routes\[0\]\.cluster: unknown cluster "nope"/],
+    ['a rendezvous route without a key', { ...good, routes: [{ path: '/x/*', cluster: 'boards', keyHeader: null }] }, /routes\[0\]\.keyHeader: the rendezvous policy needs a key header/],
+    ['a duplicate node id across clusters', { ...good, clusters: [good.clusters[0], { name: 'c2', nodes: 'a=http://127.0.0.1:9' }] }, /clusters\[1\]\.nodes: node id "a" is used by another cluster/],
+    ['an unknown setting', { ...good, colour: 'blue' }, /lf\.json\.colour: unknown setting/],
+    ['a bad path', { ...good, routes: [{ path: 'rpc', cluster: 'boards' }] }, /routes\[0\]\.path: must start with \//],
+    ['a bad rho', { ...good, clusters: [{ ...good.clusters[1], policy: { rho: 0.5 } }, good.clusters[0]] }, /clusters\[0\]\.policy\.rho: must be a number in 1\.\.1000, got 0\.5/],
+    ['no routes', { ...good, routes: [] }, /lf\.json: routes: must be a non-empty list/],
+  ];
+  for (const [name, raw, pattern] of bad) {
+    it(`rejects ${name}`, () => assert.throws(() => parseFileConfig(raw, 'lf.json'), pattern));
+  }
+});

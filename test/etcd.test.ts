@@ -1,0 +1,164 @@
+/**
+ * Operation-type-aware routing (seed 002) against a real three-member etcd cluster on loopback,
+ * through the real multi-threaded front door.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { after, before, describe, it } from 'node:test';
+import { DelayShim } from '../bench/lib/shim.js';
+import { EtcdCluster, b64 } from '../bench/lib/etcd-cluster.js';
+import { parseCommand } from '../src/config/config.js';
+import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
+import { call, type Reply } from './fixtures/http.js';
+
+async function front(etcdNodes: string, policy: string, extra: string[] = []): Promise<FrontDoor> {
+  const command = parseCommand(
+    ['--etcd', etcdNodes, '--etcd-policy', policy, '--port', '0', '--host', '127.0.0.1', '--threads', '2', '--health-interval-ms', '200', ...extra],
+    {},
+  );
+  return FrontDoor.start((command as { config: FrontDoorConfig }).config);
+}
+
+function put(url: string, key: string, value = 'v'.repeat(256), fresh = false): Promise<Reply> {
+  return call(`${url}/v3/kv/put`, { method: 'POST', body: JSON.stringify({ key: b64(key), value: b64(value) }), fresh });
+}
+
+function range(url: string, key: string, fresh = false): Promise<Reply> {
+  return call(`${url}/v3/kv/range`, { method: 'POST', body: JSON.stringify({ key: b64(key) }), fresh });
+}
+
+/** Which etcd member answered, by its own response header. */
+function memberOf(reply: Reply): string {
+  return reply.json<{ header: { member_id: string } }>().header.member_id;
+}
+
+/** Runs `count` requests, `concurrency` at a time. */
+async function many(count: number, concurrency: number, one: (i: number) => Promise<Reply>): Promise<Reply[]> {
+  const out: Reply[] = [];
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (next < count) out.push(await one(next++));
+    }),
+  );
+  return out;
+}
+
+describe('etcd behind Lakefront', () => {
+  let cluster: EtcdCluster;
+  let ids: Map<string, string>; // etcd member id -> name
+  before(async () => {
+    cluster = await EtcdCluster.start();
+    ids = await cluster.memberIds();
+  });
+  after(async () => {
+    await cluster.stop();
+  });
+
+  it('hybrid: every write is served by the leader, and reads spread over all members', async () => {
+    const door = await front(cluster.nodeList, 'hybrid');
+    try {
+      const leader = await cluster.leader();
+      assert.equal(door.leaderProbes[0]!.leader, leader, 'Lakefront found the leader');
+      const writes = await many(60, 6, (i) => put(door.url, `hybrid-${i}`, 'x', true));
+      for (const w of writes) {
+        assert.equal(w.status, 200, w.text);
+        assert.equal(ids.get(memberOf(w)), leader, 'etcd says the leader served it');
+        assert.equal(w.headers['x-lakefront-served-by'], leader);
+      }
+      const reads = await many(90, 6, (i) => range(door.url, `hybrid-${i % 60}`, true));
+      const servedBy = new Map<string, number>();
+      for (const r of reads) {
+        assert.equal(r.status, 200);
+        assert.equal(r.json<{ count?: string }>().count, '1');
+        const name = ids.get(memberOf(r))!;
+        servedBy.set(name, (servedBy.get(name) ?? 0) + 1);
+      }
+      assert.equal(servedBy.size, 3, `reads reached ${[...servedBy.keys()]}`);
+      for (const [name, n] of servedBy) assert.ok(n >= 90 * 0.2, `${name} served ${n} of 90 reads`);
+    } finally {
+      await door.stop();
+    }
+  });
+
+  it('round_robin: writes land on every member (the stock client, for contrast)', async () => {
+    const door = await front(cluster.nodeList, 'round_robin');
+    try {
+      const writes = await many(30, 3, (i) => put(door.url, `rr-${i}`, 'x', true));
+      const members = new Set(writes.map((w) => ids.get(memberOf(w))));
+      assert.ok(writes.every((w) => w.status === 200));
+      assert.equal(members.size, 3);
+    } finally {
+      await door.stop();
+    }
+  });
+
+  it('hybrid: a follower slowed by the shim (8 +/- 2 ms) gets under 2% of reads', async () => {
+    const leader = await cluster.leader();
+    const slow = cluster.members.find((m) => m.name !== leader)!;
+    const shim = await DelayShim.start({ targetPort: slow.clientPort, delayMs: 8, jitterMs: 2 });
+    const nodes = cluster.members.map((m) => `${m.name}=${m === slow ? shim.url : m.clientUrl}`).join(',');
+    const door = await front(nodes, 'hybrid');
+    try {
+      await put(door.url, 'slow-key');
+      // Let each worker see the slow member a few times (it needs 5 samples to judge).
+      await many(300, 8, () => range(door.url, 'slow-key'));
+      const reads = await many(3_000, 8, () => range(door.url, 'slow-key'));
+      const toSlow = reads.filter((r) => r.headers['x-lakefront-served-by'] === slow.name).length;
+      assert.ok(reads.every((r) => r.status === 200));
+      const share = toSlow / reads.length;
+      assert.ok(share < 0.02, `the slow follower served ${(share * 100).toFixed(2)}% of reads`);
+      assert.ok(toSlow > 0, 'a probe share still reaches it, so it can come back');
+    } finally {
+      await door.stop();
+      await shim.close();
+    }
+  });
+
+  it('hybrid: after the leader is killed, a new leader is found and writes succeed again; no write lands twice', async (t) => {
+    const door = await front(cluster.nodeList, 'hybrid');
+    try {
+      const old = await cluster.leader();
+      assert.equal((await put(door.url, 'before-kill')).status, 200);
+      let stop = false;
+      const results: { key: string; status: number; at: number; servedBy: string }[] = [];
+      // Eight writers, one key per write, each writing as fast as its answers come: a write sent
+      // during the election waits out etcd's own timeout, and one writer would measure only that.
+      let n = 0;
+      const writers = Array.from({ length: 8 }, async () => {
+        while (!stop) {
+          const key = `failover-${n++}`;
+          const reply = await put(door.url, key, 'x');
+          results.push({ key, status: reply.status, at: performance.now(), servedBy: String(reply.headers['x-lakefront-served-by'] ?? '') });
+        }
+      });
+      while (results.length < 20) await new Promise((resolve) => setImmediate(resolve));
+      const killedAt = performance.now();
+      await cluster.kill(old);
+      // Writes must come back, served by a new leader that Lakefront published.
+      const probe = door.leaderProbes[0]!;
+      while (probe.leader === null || probe.leader === old) await once(probe, 'change');
+      const recoveredBefore = results.length;
+      while (!results.slice(recoveredBefore).some((r) => r.status === 200)) await new Promise((resolve) => setImmediate(resolve));
+      stop = true;
+      await Promise.all(writers);
+      const after = results.filter((r) => r.at > killedAt);
+      const failed = after.filter((r) => r.status !== 200);
+      const firstOk = after.find((r) => r.status === 200 && r.servedBy !== old)!;
+      const newLeader = await cluster.leader();
+      assert.notEqual(newLeader, old);
+      assert.equal(firstOk.servedBy, newLeader);
+      t.diagnostic(`writes failed after the kill: ${failed.length} of ${after.length}; first write on the new leader ${(firstOk.at - killedAt).toFixed(0)} ms after the kill`);
+      // Exactly once: no key's version went past 1, whatever its write's outcome was.
+      const survivors = cluster.members.find((m) => m.proc !== null)!;
+      for (const r of results) {
+        const res = await fetch(`${survivors.clientUrl}/v3/kv/range`, { method: 'POST', body: JSON.stringify({ key: b64(r.key) }) });
+        const kv = ((await res.json()) as { kvs?: { version: string }[] }).kvs?.[0];
+        if (r.status === 200) assert.equal(kv?.version, '1', `${r.key} answered 200 must be stored once`);
+        else assert.ok(kv === undefined || kv.version === '1', `${r.key} (answered ${r.status}) was written ${kv?.version} times`);
+      }
+    } finally {
+      await door.stop();
+    }
+  });
+});

@@ -1,0 +1,194 @@
+/**
+ * The routing policies of seed 002, driven through the one Policy interface with fake cluster
+ * views: no network, so every property can be checked exactly or statistically.
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { BoltzmannPolicy } from '../src/policies/boltzmann.js';
+import { HybridPolicy } from '../src/policies/hybrid.js';
+import { RoundRobinPolicy } from '../src/policies/round-robin.js';
+import type { ClusterView, Policy } from '../src/policies/types.js';
+import { DEFAULT_POLICY_SETTINGS } from '../src/server/supervisor.js';
+import { OP_READ, OP_WRITE } from '../src/server/protocol.js';
+import { OperationClassifier } from '../src/server/operations.js';
+import { ETCD_OPERATIONS } from '../src/config/presets.js';
+
+function view(weights: number[], leader = -1): ClusterView {
+  return { ids: weights.map((_, i) => `n${i}`), weights: Float64Array.from(weights), flags: new Int32Array(weights.length), leader };
+}
+
+function pick(policy: Policy, op: number, size = 8): number[] {
+  const out = new Int32Array(size);
+  const n = policy.pick('', op, out);
+  return Array.from(out.subarray(0, n));
+}
+
+function primaries(policy: Policy, op: number, times: number): Map<number, number> {
+  const counts = new Map<number, number>();
+  for (let i = 0; i < times; i++) {
+    const p = pick(policy, op)[0]!;
+    counts.set(p, (counts.get(p) ?? 0) + 1);
+  }
+  return counts;
+}
+
+describe('round_robin', () => {
+  it('rotates every operation over the routable members, the rest as failover order', () => {
+    const p = new RoundRobinPolicy();
+    p.update(view([1, 0, 1, 1]));
+    assert.deepEqual(pick(p, OP_WRITE), [0, 2, 3]);
+    assert.deepEqual(pick(p, OP_READ), [2, 3, 0]);
+    assert.deepEqual(pick(p, OP_WRITE), [3, 0, 2]);
+    assert.deepEqual(pick(p, OP_READ), [0, 2, 3]);
+  });
+
+  it('has no candidate when nothing is routable', () => {
+    const p = new RoundRobinPolicy();
+    p.update(view([0, 0]));
+    assert.deepEqual(pick(p, OP_READ), []);
+  });
+});
+
+describe('boltzmann', () => {
+  it('explores unmeasured members evenly', () => {
+    const p = new BoltzmannPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1]));
+    for (let i = 0; i < 3; i++) assert.ok(Math.abs(p.share(i) - 1 / 3) < 1e-9);
+  });
+
+  it('prefers the lower latency EWMA by exp(-gap / temperature)', () => {
+    const p = new BoltzmannPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1]));
+    for (let i = 0; i < 20; i++) {
+      p.observe(0, 2, true);
+      p.observe(1, 3, true);
+      p.observe(2, 6, true);
+    }
+    // gaps of 1 ms and 4 ms at temperature 1 ms
+    const z = 1 + Math.exp(-1) + Math.exp(-4);
+    assert.ok(Math.abs(p.share(0) - 1 / z) < 1e-6);
+    assert.ok(Math.abs(p.share(1) - Math.exp(-1) / z) < 1e-6);
+    const counts = primaries(p, OP_READ, 20_000);
+    assert.ok(Math.abs(counts.get(0)! / 20_000 - 1 / z) < 0.02, `node 0 drawn ${counts.get(0)}`);
+    assert.deepEqual(pick(p, OP_READ).length, 3, 'every member stays a failover candidate');
+  });
+
+  it('inflates the estimate on errors', () => {
+    const p = new BoltzmannPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1]));
+    for (let i = 0; i < 10; i++) {
+      p.observe(0, 1, true);
+      p.observe(1, 1, true);
+    }
+    p.observe(1, 1, false);
+    assert.ok(p.share(1) < 0.01, `one error already makes it much less likely: ${p.share(1)}`);
+  });
+
+  it('leaves a member near-zero probability after more than three consecutive failures', () => {
+    // A hot temperature, so that only the failure rule (not the inflated EWMA) can explain it.
+    const p = new BoltzmannPolicy({ ...DEFAULT_POLICY_SETTINGS, temperatureMs: 10_000 });
+    p.update(view([1, 1]));
+    for (let i = 0; i < 3; i++) p.observe(1, 1, false);
+    assert.ok(p.share(1) > 0.4, `three failures: still explored (${p.share(1)})`);
+    p.observe(1, 1, false);
+    assert.ok(p.share(1) < 1e-5, `four in a row: ${p.share(1)}`);
+    p.observe(1, 1, true);
+    assert.ok(p.share(1) > 0.4, `a success lifts it again (${p.share(1)})`);
+  });
+});
+
+describe('hybrid', () => {
+  it('sends every write to the leader, with the others as fallback order', () => {
+    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1], 1));
+    for (let i = 0; i < 10; i++) {
+      const c = pick(p, OP_WRITE);
+      assert.equal(c[0], 1);
+      assert.deepEqual([...c].sort(), [0, 1, 2]);
+    }
+  });
+
+  it('spreads reads over the whole read pool', () => {
+    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1], 1));
+    const counts = primaries(p, OP_READ, 300);
+    assert.deepEqual([...counts.values()], [100, 100, 100]);
+  });
+
+  it('falls back to round robin for writes with no leader, or once the leader is unreachable', () => {
+    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1], -1));
+    assert.deepEqual([...primaries(p, OP_WRITE, 30).values()], [10, 10, 10]);
+    p.update(view([1, 1, 1], 2));
+    assert.equal(pick(p, OP_WRITE)[0], 2);
+    p.leaderUnreachable(2);
+    assert.equal(primaries(p, OP_WRITE, 30).size, 3, 'round robin until the next publication');
+    p.update(view([1, 1, 1], 0));
+    assert.equal(pick(p, OP_WRITE)[0], 0);
+  });
+
+  it('ejects a read outlier (EWMA above rho x median), keeps a probe share, and takes it back', () => {
+    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1], 0));
+    for (let i = 0; i < 10; i++) {
+      p.observe(0, 1, true, OP_READ);
+      p.observe(1, 1.2, true, OP_READ);
+      p.observe(2, 9, true, OP_READ);
+    }
+    assert.equal(p.ejectedNow(2), true);
+    assert.equal(p.ejectedNow(0), false);
+    const counts = primaries(p, OP_READ, 40_000);
+    const share = (counts.get(2) ?? 0) / 40_000;
+    assert.ok(share > 0.002 && share < 0.01, `probe share ${share}`);
+    // Writes still go to the leader whatever the read pool says.
+    assert.equal(pick(p, OP_WRITE)[0], 0);
+    // The outlier recovers: its EWMA falls back under the limit, and it rejoins.
+    for (let i = 0; i < 20; i++) p.observe(2, 1.1, true, OP_READ);
+    assert.equal(p.ejectedNow(2), false);
+    assert.ok(Math.abs((primaries(p, OP_READ, 3_000).get(2) ?? 0) - 1_000) <= 1);
+  });
+
+  it('ignores write latencies when judging the read pool', () => {
+    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1], 0));
+    for (let i = 0; i < 10; i++) {
+      for (const n of [0, 1, 2]) p.observe(n, 1, true, OP_READ);
+      p.observe(0, 50, true, OP_WRITE);
+    }
+    assert.equal(p.ejectedNow(0), false);
+  });
+
+  it('never judges on too few samples', () => {
+    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1], 0));
+    for (let i = 0; i < 4; i++) {
+      p.observe(0, 1, true, OP_READ);
+      p.observe(1, 1, true, OP_READ);
+      p.observe(2, 100, true, OP_READ);
+    }
+    assert.equal(p.ejectedNow(2), false);
+  });
+});
+
+describe('etcd operation classes', () => {
+  const c = new OperationClassifier(ETCD_OPERATIONS);
+  const cases: [string, number][] = [
+    ['/v3/kv/range', OP_READ],
+    ['/v3/kv/put', OP_WRITE],
+    ['/v3/kv/deleterange', OP_WRITE],
+    ['/v3/kv/txn', OP_WRITE],
+    ['/v3/kv/compaction', OP_WRITE],
+    ['/v3/lease/grant', OP_WRITE],
+    ['/v3/lease/keepalive', OP_WRITE],
+    ['/v3/maintenance/status', OP_WRITE],
+    ['/v3/kv/rangex', OP_WRITE],
+  ];
+  for (const [path, op] of cases) it(`${path} is a ${op === OP_READ ? 'read' : 'write'}`, () => assert.equal(c.classify(path), op));
+
+  it('lets a narrower prefix win over a broader one', () => {
+    const k = new OperationClassifier({ reads: ['/a/b/*'], writes: ['/a/*'], otherwise: 'read' });
+    assert.equal(k.classify('/a/b/c'), OP_READ);
+    assert.equal(k.classify('/a/c'), OP_WRITE);
+    assert.equal(k.classify('/z'), OP_READ);
+  });
+});
