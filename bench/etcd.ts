@@ -31,6 +31,7 @@ const { values } = parseArgs({
     threads: { type: 'string', default: '1' },
     'no-failover': { type: 'boolean', default: false },
     'no-write': { type: 'boolean', default: false },
+    section: { type: 'string' },
   },
 });
 const quick = values.quick!;
@@ -77,40 +78,42 @@ function sample(r: ClosedLoopResult, slow: string | null): Sample {
   };
 }
 
+/**
+ * Kills the leader under an open loop of writes (one every 5 ms, each to its own key, whatever
+ * earlier ones do) and reports when the first write issued after the kill succeeded and how many
+ * issued after it failed. A closed loop would measure only etcd's request timeout: every writer
+ * ends up waiting on a write sent into the election.
+ */
 async function failover(cluster: EtcdCluster, policy: string): Promise<{ recoveryMs: number; failed: number; writes: number }> {
   const lf = await startLakefrontOver(cluster.nodeList, policy, threads);
   try {
     const old = await cluster.leader();
-    let stop = false;
-    let killedAt = Number.POSITIVE_INFINITY;
-    let firstOkAfter = Number.NaN;
-    let failed = 0;
-    let writes = 0;
-    const body = JSON.stringify({ key: b64('failover'), value: VALUE });
-    const loop = async (): Promise<void> => {
-      while (!stop) {
-        const t = performance.now();
-        const res = await fetch(`${lf.url}/v3/kv/put`, { method: 'POST', body }).catch(() => null);
-        const served = res?.headers.get('x-lakefront-served-by');
-        if (res) await res.arrayBuffer();
-        if (t > killedAt) {
-          writes++;
-          if (res?.status === 200 && served !== old) {
-            if (Number.isNaN(firstOkAfter)) firstOkAfter = performance.now();
-          } else if (res?.status !== 200) failed++;
-        }
-      }
-    };
-    const loops = Array.from({ length: 16 }, loop);
+    const results: { issuedAt: number; ok: boolean }[] = [];
+    const inflight: Promise<void>[] = [];
+    let n = 0;
+    const timer = setInterval(() => {
+      const issuedAt = performance.now();
+      const body = JSON.stringify({ key: b64(`failover-${policy}-${n++}`), value: VALUE });
+      inflight.push(
+        fetch(`${lf.url}/v3/kv/put`, { method: 'POST', body }).then(
+          async (res) => {
+            await res.arrayBuffer();
+            results.push({ issuedAt, ok: res.status === 200 });
+          },
+          () => void results.push({ issuedAt, ok: false }),
+        ),
+      );
+    }, 5);
     await pause(1_000);
-    killedAt = performance.now();
+    const killedAt = performance.now();
     await cluster.kill(old);
-    while (Number.isNaN(firstOkAfter) && performance.now() - killedAt < 20_000) await pause(20);
-    await pause(1_000);
-    stop = true;
-    await Promise.all(loops);
+    await pause(5_000);
+    clearInterval(timer);
+    await Promise.all(inflight);
     await cluster.restart(old);
-    return { recoveryMs: firstOkAfter - killedAt, failed, writes };
+    const after = results.filter((r) => r.issuedAt > killedAt).sort((a, b) => a.issuedAt - b.issuedAt);
+    const firstOk = after.find((r) => r.ok);
+    return { recoveryMs: firstOk ? firstOk.issuedAt - killedAt : Number.NaN, failed: after.filter((r) => !r.ok).length, writes: after.length };
   } finally {
     await lf.proc?.stop();
   }
@@ -163,7 +166,7 @@ async function main(): Promise<void> {
     if (!values['no-failover']) {
       for (const policy of ['round_robin', 'hybrid']) {
         failovers[policy] = await failover(cluster, policy);
-        process.stdout.write(`failover ${policy}: first write on the new leader ${fmt(failovers[policy]!.recoveryMs)} ms after the kill, ${failovers[policy]!.failed} failed of ${failovers[policy]!.writes}\n`);
+        process.stdout.write(`failover ${policy}: first successful write issued ${fmt(failovers[policy]!.recoveryMs)} ms after the kill; ${failovers[policy]!.failed} of ${failovers[policy]!.writes} writes issued after it failed\n`);
       }
     }
     report(samples, failovers, slow.name, leaderNow);
@@ -223,11 +226,11 @@ function report(samples: Map<string, Sample[]>, failovers: Record<string, { reco
     `Command: \`${command}\`. ${size}-member etcd cluster on loopback (data on tmpfs, heartbeat 100 ms, election 1 s; leader ${leader}); Lakefront at ${threads} thread(s) per policy; closed loop of ${workers} workers over ${KEYS} keys with 256-byte values; ${trials} interleaved trial(s) of ${seconds} s; medians.`,
     '',
     ...sections,
-    failoverRows.length ? table(['leader killed under 16 writers', 'first write on the new leader after (ms)', 'failed writes after the kill'], failoverRows) : '',
+    failoverRows.length ? table(['leader killed under an open loop of writes (one per 5 ms)', 'first successful write issued after the kill (ms)', 'writes issued after the kill that failed'], failoverRows) : '',
   ].join('\n');
   process.stdout.write(`\n${body}\n`);
   if (values['no-write']) return;
-  const section = quick ? 'etcd-quick' : `etcd-${size}`;
+  const section = values.section ?? (quick ? 'etcd-quick' : `etcd-${size}`);
   updateSection(join(ROOT, 'bench/RESULTS.md'), section, body);
   writeResult(join(ROOT, `bench/results/${section}.json`), { machine: info, command, summary, failovers, samples: Object.fromEntries(samples) });
 }

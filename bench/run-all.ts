@@ -1,24 +1,33 @@
 /**
  * `npm run bench`: the whole suite, one part after another (throughput against the peers,
- * hedging under tail latency, thread tuning, memory with idle connections). `npm run bench:quick`
+ * hedging under tail latency, thread tuning, memory with idle connections, seed 002 against a
+ * real etcd cluster when etcd is installed). `npm run bench:quick`
  * passes --quick to each: a short version that finishes in about two minutes.
  */
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
+import { existsSync } from 'node:fs';
+import { ETCD_BINARY } from './lib/etcd-cluster.js';
 import { DIST } from './lib/procs.js';
 
 const quick = process.argv.includes('--quick');
 const parts: [string, string[]][] = quick
   ? [
-      ['suite.js', ['--quick', '--repeats', '3', '--seconds', '2', '--contenders', 'direct,lakefront-2t,node-proxy,nginx-2w']],
-      ['hedging.js', ['--quick', '--repeats', '1']],
+      ['suite.js', ['--quick', '--repeats', '2', '--seconds', '2', '--contenders', 'direct,lakefront-2t,node-proxy,nginx-2w']],
+      ['hedging.js', ['--quick', '--repeats', '1', '--seconds', '4']],
       ['threads.js', ['--quick', '--repeats', '1']],
       ['memory.js', ['--quick']],
+      ['etcd.js', ['--quick', '--mixes', '80/20', '--seconds', '2', '--no-failover']],
     ]
-  : [['suite.js', []], ['hedging.js', []], ['threads.js', []], ['memory.js', []]];
+  : [['suite.js', []], ['hedging.js', []], ['threads.js', []], ['memory.js', []], ['etcd.js', []], ['etcd.js', ['--workers', '16', '--no-failover', '--section', 'etcd-3-w16']]];
 
 const started = Date.now();
+const haveEtcd = existsSync(ETCD_BINARY);
 for (const [script, args] of parts) {
+  if (script === 'etcd.js' && !haveEtcd) {
+    process.stdout.write(`\n=== skip ${script}: no etcd binary (apt-get install etcd-server)\n`);
+    continue;
+  }
   process.stdout.write(`\n=== ${script} ${args.join(' ')}\n`);
   const result = spawnSync(process.execPath, [join(DIST, script), ...args], { stdio: 'inherit' });
   if (result.status !== 0) {

@@ -120,39 +120,48 @@ describe('etcd behind Lakefront', () => {
     try {
       const old = await cluster.leader();
       assert.equal((await put(door.url, 'before-kill')).status, 200);
-      let stop = false;
-      const results: { key: string; status: number; at: number; servedBy: string }[] = [];
-      // Eight writers, one key per write, each writing as fast as its answers come: a write sent
-      // during the election waits out etcd's own timeout, and one writer would measure only that.
+      // An open loop of writes, one key each, every 10 ms whatever the answers do: a write sent
+      // into the election waits out etcd's own request timeout, and a closed loop of writers
+      // would only measure that.
+      const results: { key: string; status: number; issuedAt: number; servedBy: string }[] = [];
+      const inflight: Promise<void>[] = [];
       let n = 0;
-      const writers = Array.from({ length: 8 }, async () => {
-        while (!stop) {
-          const key = `failover-${n++}`;
-          const reply = await put(door.url, key, 'x');
-          results.push({ key, status: reply.status, at: performance.now(), servedBy: String(reply.headers['x-lakefront-served-by'] ?? '') });
-        }
-      });
-      while (results.length < 20) await new Promise((resolve) => setImmediate(resolve));
+      const timer = setInterval(() => {
+        const key = `failover-${n++}`;
+        const issuedAt = performance.now();
+        inflight.push(
+          put(door.url, key, 'x').then((reply) => {
+            results.push({ key, status: reply.status, issuedAt, servedBy: String(reply.headers['x-lakefront-served-by'] ?? '') });
+          }),
+        );
+      }, 10);
+      while (results.length < 10) await new Promise((resolve) => setImmediate(resolve));
       const killedAt = performance.now();
       await cluster.kill(old);
-      // Writes must come back, served by a new leader that Lakefront published.
       const probe = door.leaderProbes[0]!;
       while (probe.leader === null || probe.leader === old) await once(probe, 'change');
-      const recoveredBefore = results.length;
-      while (!results.slice(recoveredBefore).some((r) => r.status === 200)) await new Promise((resolve) => setImmediate(resolve));
-      stop = true;
-      await Promise.all(writers);
-      const after = results.filter((r) => r.at > killedAt);
-      const failed = after.filter((r) => r.status !== 200);
-      const firstOk = after.find((r) => r.status === 200 && r.servedBy !== old)!;
+      const published = performance.now();
+      // Keep writing a little past the publication, then let every write answer.
+      while (!results.some((r) => r.issuedAt > published && r.status === 200)) await new Promise((resolve) => setImmediate(resolve));
+      clearInterval(timer);
+      await Promise.all(inflight);
+      const afterKill = results.filter((r) => r.issuedAt > killedAt).sort((x, y) => x.issuedAt - y.issuedAt);
+      const failed = afterKill.filter((r) => r.status !== 200);
+      const firstOk = afterKill.find((r) => r.status === 200)!;
       const newLeader = await cluster.leader();
       assert.notEqual(newLeader, old);
-      assert.equal(firstOk.servedBy, newLeader);
-      t.diagnostic(`writes failed after the kill: ${failed.length} of ${after.length}; first write on the new leader ${(firstOk.at - killedAt).toFixed(0)} ms after the kill`);
-      // Exactly once: no key's version went past 1, whatever its write's outcome was.
-      const survivors = cluster.members.find((m) => m.proc !== null)!;
+      assert.equal(probe.leader, newLeader, 'Lakefront published the new leader');
+      const onNew = afterKill.filter((r) => r.issuedAt > published && r.status === 200);
+      assert.ok(onNew.length > 0 && onNew.every((r) => r.servedBy === newLeader), 'writes after the publication go to the new leader');
+      t.diagnostic(
+        `leader ${old} killed; new leader ${newLeader} published ${(published - killedAt).toFixed(0)} ms later; ` +
+          `first successful write issued ${(firstOk.issuedAt - killedAt).toFixed(0)} ms after the kill; ` +
+          `${failed.length} of ${afterKill.length} writes issued after the kill failed (${[...new Set(failed.map((r) => r.status))].join(', ')})`,
+      );
+      // Exactly once: no key's version went past 1, whatever its write's answer was.
+      const survivor = cluster.members.find((m) => m.proc !== null)!;
       for (const r of results) {
-        const res = await fetch(`${survivors.clientUrl}/v3/kv/range`, { method: 'POST', body: JSON.stringify({ key: b64(r.key) }) });
+        const res = await fetch(`${survivor.clientUrl}/v3/kv/range`, { method: 'POST', body: JSON.stringify({ key: b64(r.key) }) });
         const kv = ((await res.json()) as { kvs?: { version: string }[] }).kvs?.[0];
         if (r.status === 200) assert.equal(kv?.version, '1', `${r.key} answered 200 must be stored once`);
         else assert.ok(kv === undefined || kv.version === '1', `${r.key} (answered ${r.status}) was written ${kv?.version} times`);

@@ -9,6 +9,7 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { track } from './procs.js';
 
 export interface EtcdMember {
   readonly name: string;
@@ -190,6 +191,7 @@ export class EtcdCluster {
       ],
       { stdio: ['ignore', 'ignore', 'pipe'] },
     );
+    track(proc);
     proc.stderr!.on('data', (c: Buffer) => {
       this.output += c.toString();
       if (this.output.length > 100_000) this.output = this.output.slice(-50_000);

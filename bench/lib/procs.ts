@@ -94,7 +94,28 @@ export async function spawnReady(name: string, command: string, args: string[], 
   return { proc: wrap(name, child, () => [child.pid!]), ready };
 }
 
+/** Children still running; an interrupted bench stops them rather than leaving them behind. */
+const live = new Set<ChildProcess>();
+let trapped = false;
+
+/** Registers a child so Ctrl-C or SIGTERM on the bench stops it too (by its PID). */
+export function track(child: ChildProcess): ChildProcess {
+  live.add(child);
+  child.once('exit', () => live.delete(child));
+  if (!trapped) {
+    trapped = true;
+    for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+      process.once(signal, () => {
+        for (const c of live) c.kill('SIGKILL');
+        process.exit(130);
+      });
+    }
+  }
+  return child;
+}
+
 export function wrap(name: string, child: ChildProcess, pids: () => number[]): Proc {
+  track(child);
   return {
     name,
     child,
