@@ -24,6 +24,8 @@ const { values } = parseArgs({
     'stall-ms': { type: 'string', default: '50' },
     'stall-p': { type: 'string', default: '0.02' },
     'no-write': { type: 'boolean', default: false },
+    /** Extra Lakefront flags for every mode, e.g. "--hedge-budget-percent 5". */
+    extra: { type: 'string', default: '' },
   },
 });
 const quick = values.quick!;
@@ -69,7 +71,8 @@ async function main(): Promise<void> {
   const contenders: { name: string; c: Contender }[] = [];
   try {
     for (const mode of modes) {
-      contenders.push({ name: mode.name, c: await startLakefront(upstream, { threads: 2, extraArgs: mode.args, name: mode.name }) });
+      const extra = values.extra!.split(' ').filter(Boolean);
+      contenders.push({ name: mode.name, c: await startLakefront(upstream, { threads: 2, extraArgs: [...mode.args, ...extra], name: mode.name }) });
     }
     const boards = Array.from({ length: 1024 }, (_, i) => `board-${(i * 7919) % 100_003}`);
     const load = (url: string, secs: number): Promise<OpenLoopResult> =>

@@ -148,6 +148,26 @@ describe('hybrid', () => {
     assert.ok(Math.abs((primaries(p, OP_READ, 3_000).get(2) ?? 0) - 1_000) <= 1);
   });
 
+  it('lets an ejected member back only well under the limit (hysteresis)', () => {
+    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1], 0));
+    const feed = (slow: number): void => {
+      for (let i = 0; i < 30; i++) {
+        p.observe(0, 1, true, OP_READ);
+        p.observe(1, 1, true, OP_READ);
+        p.observe(2, slow, true, OP_READ);
+      }
+    };
+    feed(1.8);
+    assert.equal(p.ejectedNow(2), false, '1.8x the median is not an outlier');
+    feed(2.5);
+    assert.equal(p.ejectedNow(2), true, '2.5x is');
+    feed(1.8);
+    assert.equal(p.ejectedNow(2), true, 'once out, 1.8x (above 0.75 x 2) keeps it out');
+    feed(1.4);
+    assert.equal(p.ejectedNow(2), false, 'under 1.5x it rejoins');
+  });
+
   it('ignores write latencies when judging the read pool', () => {
     const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
     p.update(view([1, 1, 1], 0));

@@ -142,7 +142,7 @@ export async function startNginx(upstream: Upstream, workers: number): Promise<C
   for (const sub of ['body', 'proxy', 'fastcgi', 'uwsgi', 'scgi', 'logs']) mkdirSync(join(dir, sub), { recursive: true });
   const port = await freePort();
   const servers = upstream.ports.map((p) => `        server 127.0.0.1:${p};`).join('\n');
-  writeFileSync(join(dir, 'nginx.conf'), fill(readFileSync(join(PEERS, 'nginx.conf.tmpl'), 'utf8'), { WORKERS: String(workers), DIR: dir, PORT: String(port), SERVERS: servers }));
+  writeFileSync(join(dir, 'nginx.conf'), fill(readFileSync(join(PEERS, 'nginx.conf.tmpl'), 'utf8'), { WORKERS: String(workers), DIR: dir, PORT: String(port), SERVERS: servers, KEEPALIVE: String(64 * upstream.ports.length) }));
   const child = spawn(binary, ['-p', dir, '-c', join(dir, 'nginx.conf')], { stdio: ['ignore', 'ignore', 'pipe'] });
   await waitForPort(port, child);
   const name = `nginx-${workers}w`;

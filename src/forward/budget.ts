@@ -7,6 +7,11 @@
  * It is a token bucket: each retryable request deposits `percent / 100` of a token, a hedge
  * spends one, and up to `burst` tokens may be saved, so a quiet front door can still hedge a
  * burst of slow requests.
+ *
+ * The default cap is 5%, the extra load hedging at p95 is meant to cost (Finagle's backup
+ * requests cap their extra load the same way). Measured here (bench/RESULTS.md, hedging): with
+ * 2% of requests stalling 50 ms, own-p95 hedging under a 5% cap cut p99 15x for 4.8% extra
+ * requests; uncapped by it (10%) it fired for 6.7% of requests, and p99.9 improved 4x as well.
  */
 export class HedgeBudget {
   private tokens: number;

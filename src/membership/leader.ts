@@ -10,6 +10,7 @@
  */
 import { EventEmitter } from 'node:events';
 import type { MemberConfig } from './membership.js';
+import { PollLoop } from './poll.js';
 
 export interface LeaderProbeOptions {
   readonly members: readonly MemberConfig[];
@@ -38,8 +39,7 @@ export class EtcdLeaderProbe extends EventEmitter {
   private readonly fetchImpl: typeof globalThis.fetch;
   /** etcd member id (decimal string) -> our node id, learned from each member's own answer. */
   private readonly byMemberId = new Map<string, string>();
-  private timer: NodeJS.Timeout | null = null;
-  private running = false;
+  private readonly loop: PollLoop;
   private probing: Promise<void> | null = null;
 
   constructor(options: LeaderProbeOptions) {
@@ -48,6 +48,7 @@ export class EtcdLeaderProbe extends EventEmitter {
     this.intervalMs = options.intervalMs ?? DEFAULT_LEADER_INTERVAL_MS;
     this.timeoutMs = options.timeoutMs ?? 200;
     this.fetchImpl = options.fetch ?? globalThis.fetch;
+    this.loop = new PollLoop(this.intervalMs, () => this.probeOnce());
   }
 
   /** Our id of the current leader, or null when none is known. */
@@ -85,30 +86,17 @@ export class EtcdLeaderProbe extends EventEmitter {
   }
 
   start(): void {
-    if (this.running) return;
-    this.running = true;
-    this.schedule();
+    this.loop.start();
   }
 
   stop(): void {
-    this.running = false;
-    if (this.timer) clearTimeout(this.timer);
-    this.timer = null;
+    this.loop.stop();
   }
 
   private set(leader: string | null): void {
     if (leader === this.current) return;
     this.current = leader;
     this.emit('change', leader);
-  }
-
-  private schedule(): void {
-    if (!this.running) return;
-    this.timer = setTimeout(() => {
-      this.timer = null;
-      void this.probeOnce().finally(() => this.schedule());
-    }, this.intervalMs);
-    this.timer.unref();
   }
 
   private async status(member: MemberConfig): Promise<StatusAnswer | null> {

@@ -9,6 +9,7 @@
 import { EventEmitter } from 'node:events';
 import { ConfigError } from '../errors.js';
 import { quantiseWeight, type NodeInfo } from '../hashing/rendezvous.js';
+import { PollLoop } from './poll.js';
 
 export interface MemberConfig {
   readonly id: string;
@@ -70,9 +71,8 @@ export class Membership extends EventEmitter {
   private readonly states: Map<string, MemberState>;
   private readonly fetchImpl: typeof globalThis.fetch;
   private readonly healthPath: string;
-  private timer: NodeJS.Timeout | null = null;
+  private readonly loop: PollLoop;
   private probing: Promise<void> | null = null;
-  private running = false;
 
   constructor(options: MembershipOptions) {
     super();
@@ -84,6 +84,11 @@ export class Membership extends EventEmitter {
     // Members start healthy: a front door that has not probed yet should try, and failover
     // covers a node that turns out to be down.
     this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: 1 }]));
+    this.loop = new PollLoop(this.intervalMs, () =>
+      this.probeOnce().catch((err: unknown) => {
+        this.emit('error', err);
+      }),
+    );
   }
 
   /** Every configured member with its current weight (0 when unhealthy). */
@@ -135,16 +140,12 @@ export class Membership extends EventEmitter {
 
   /** Starts the `intervalMs` poll loop (idempotent). */
   start(): void {
-    if (this.running) return;
-    this.running = true;
-    this.schedule();
+    this.loop.start();
   }
 
   /** Stops the poll loop (idempotent). */
   stop(): void {
-    this.running = false;
-    if (this.timer) clearTimeout(this.timer);
-    this.timer = null;
+    this.loop.stop();
   }
 
   /** Feeds a capacity signal in; quantised at `nodes()` time. */
@@ -168,21 +169,6 @@ export class Membership extends EventEmitter {
     const state = this.states.get(id);
     if (!state) throw new RangeError(`unknown member "${id}"`);
     return state;
-  }
-
-  private schedule(): void {
-    if (!this.running) return;
-    this.timer = setTimeout(() => {
-      this.timer = null;
-      this.probeOnce().then(
-        () => this.schedule(),
-        (err) => {
-          this.emit('error', err);
-          this.schedule();
-        },
-      );
-    }, this.intervalMs);
-    this.timer.unref();
   }
 
   private async probe(member: MemberConfig): Promise<boolean> {

@@ -5,14 +5,17 @@
  *   to it could not connect) they fall back to round robin until a leader is published again.
  * - Reads go round robin over the healthy read pool. A member whose read EWMA (alpha 0.3)
  *   exceeds rho (2) times the median EWMA of the routable members leaves the read pool until it
- *   no longer does; a small probe share of reads (0.5%) still reaches ejected members, so their
- *   EWMA can recover and they can return.
+ *   is back under 0.75 x that limit (hysteresis, so a member near the line does not flap); a
+ *   small probe share of reads (0.5%) still reaches ejected members, so their EWMA can recover
+ *   and they can return.
  */
 import { OP_WRITE, type PolicySettings } from '../server/protocol.js';
 import { rotateInto, routable, type ClusterView, type Policy } from './types.js';
 
 /** Read samples a member needs before it can be judged an outlier. */
 const MIN_SAMPLES = 5;
+/** An ejected member rejoins the read pool below this share of the ejection limit. */
+const REJOIN = 0.75;
 /** A failed read counts as at least this slow. */
 const FAILURE_PENALTY_MS = 100;
 
@@ -118,7 +121,11 @@ export class HybridPolicy implements Policy {
     }
     let changed = false;
     for (const node of this.nodes) {
-      const out = this.readSamples[node]! >= MIN_SAMPLES && this.readEwmaMs[node]! > limit ? 1 : 0;
+      const ewma = this.readEwmaMs[node]!;
+      const judged = this.readSamples[node]! >= MIN_SAMPLES;
+      // Hysteresis: out above rho x median, back in only below REJOIN x that. Without it a
+      // member near the line flaps in and out, taking a third of the reads each time it is in.
+      const out = judged && (this.isEjected[node] === 1 ? ewma > limit * REJOIN : ewma > limit) ? 1 : 0;
       if (this.isEjected[node] !== out) {
         this.isEjected[node] = out;
         changed = true;

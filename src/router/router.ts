@@ -15,7 +15,7 @@ import { C_FAILOVERS, C_HEDGES, C_HEDGES_DENIED, C_HEDGE_WINS, C_REQUESTS, type 
 export const DEFAULT_HEDGE_DELAY_MS = 250;
 export const DEFAULT_HEDGE_PERCENTILE = 95;
 export const DEFAULT_REQUEST_TIMEOUT_MS = 10_000;
-export const DEFAULT_HEDGE_BUDGET_PERCENT = 10;
+export const DEFAULT_HEDGE_BUDGET_PERCENT = 5;
 
 export interface RouterOptions {
   readonly membership: Membership;
@@ -25,7 +25,7 @@ export interface RouterOptions {
   readonly hedgeAfterPercentile?: number;
   /** An attempt that takes longer counts as failed. Default 10,000. */
   readonly requestTimeoutMs?: number;
-  /** Hedges may not exceed this share of retryable requests. Default 10. */
+  /** Hedges may not exceed this share of retryable requests. Default 5. */
   readonly hedgeBudgetPercent?: number;
   readonly fetch?: typeof globalThis.fetch;
 }

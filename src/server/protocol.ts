@@ -79,7 +79,7 @@ export interface DataPlaneSettings {
   readonly hedgeMode: HedgeMode;
   readonly hedgeDelayMs: number;
   readonly hedgeAfterPercentile: number;
-  /** Hedges may not exceed this share of retryable requests (token bucket, burst 10). */
+  /** Hedges may not exceed this share of retryable requests (token bucket, burst 10). Default 5. */
   readonly hedgeBudgetPercent: number;
   readonly requestTimeoutMs: number;
   readonly maxBodyBytes: number;
