@@ -23,7 +23,7 @@ describe('flags and environment', () => {
 
   it('--etcd adds a leader-probed etcd cluster behind /v3/* with the hybrid policy', () => {
     const config = run(['--etcd', 'e1=http://127.0.0.1:2379,e2=http://127.0.0.1:2479']);
-    assert.deepEqual(config.clusters.map((c) => [c.name, c.leader, c.healthPath]), [['etcd', 'etcd', '/health']]);
+    assert.deepEqual(config.clusters.map((c) => [c.name, c.leader, c.healthPath]), [['etcd', 'etcd', '/version']]);
     const [route] = config.routes;
     assert.equal(route!.pattern, '/v3/*');
     assert.equal(route!.policy, 'hybrid');

@@ -22,7 +22,7 @@ import { ConfigError } from '../errors.js';
 import { validateMembers, type MemberConfig } from '../membership/membership.js';
 import { POLICY_NAMES, type OperationRules, type PolicyName, type PolicySettings } from '../server/protocol.js';
 import type { ClusterConfig, RouteConfig } from '../server/supervisor.js';
-import { ETCD_OPERATIONS, etcdPreset } from './presets.js';
+import { ETCD_HEALTH_PATH, ETCD_OPERATIONS, etcdPreset } from './presets.js';
 
 export interface FileConfig {
   readonly port?: number;
@@ -125,7 +125,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     if (preset !== undefined && preset !== 'etcd') fail(`${where}.preset`, `unknown preset "${preset}" (known: etcd)`);
     const leader = c.leader ?? (preset === 'etcd' ? 'etcd' : null);
     if (leader !== null && leader !== 'etcd') fail(`${where}.leader`, `must be "etcd" or null, got ${JSON.stringify(leader)}`);
-    const healthPath = str(c, 'healthPath', where) ?? '/health';
+    const healthPath = str(c, 'healthPath', where) ?? (preset === 'etcd' ? ETCD_HEALTH_PATH : '/health');
     if (!healthPath.startsWith('/')) fail(`${where}.healthPath`, `must start with /, got ${JSON.stringify(healthPath)}`);
     let policySettings: Partial<PolicySettings> | undefined;
     if (c.policy !== undefined) {

@@ -15,12 +15,21 @@ export const ETCD_OPERATIONS: OperationRules = {
   otherwise: 'write',
 };
 
+export const ETCD_HEALTH_PATH = '/version';
+
 export const ETCD_POLICIES: readonly PolicyName[] = ['hybrid', 'round_robin', 'boltzmann'];
 
-/** An etcd cluster (leader probed through the JSON gateway) and its `/v3/*` route. */
+/**
+ * An etcd cluster (leader probed through the JSON gateway) and its `/v3/*` route.
+ *
+ * Health is liveness (`GET /version`), not etcd's `/health`: that one runs a linearizable read,
+ * which queues behind the proposals stuck after a leader dies. Measured: it failed on both
+ * survivors for a whole poll interval after the new leader was already serving writes, and the
+ * front door answered 503 for that second. Consensus is the leader probe's business.
+ */
 export function etcdPreset(name: string, members: readonly MemberConfig[], policy: PolicyName, pattern = '/v3/*'): { cluster: ClusterConfig; route: RouteConfig } {
   return {
-    cluster: { name, members, healthPath: '/health', leader: 'etcd' },
+    cluster: { name, members, healthPath: ETCD_HEALTH_PATH, leader: 'etcd' },
     route: {
       pattern,
       cluster: name,
