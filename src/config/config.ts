@@ -210,13 +210,16 @@ export function helpText(): string {
     'Usage: lakefront [options]',
     '',
     'A multi-threaded HTTP front door: routes /rpc/* by x-lakefront-board with weighted',
-    'rendezvous hashing, hedges reads at each node\'s own p95, sends bare writes exactly once.',
+    'rendezvous hashing, hedges reads at each node\'s own p95, sends bare writes exactly once;',
+    'routes etcd\'s /v3/* by operation type (writes to the leader, reads over healthy members).',
     '',
     'Options (flags override the environment variable in brackets):',
   ];
   for (const option of OPTIONS) {
     const left = `  --${option.flag} ${option.value}`;
-    lines.push(`${left.padEnd(34)}${option.help}${option.env ? ` [env ${option.env}]` : ''}`);
+    const help = `${option.help}${option.env ? ` [env ${option.env}]` : ''}`;
+    // A long flag gets its help on the next line rather than running into it.
+    lines.push(left.length < 33 ? `${left.padEnd(34)}${help}` : `${left}\n${''.padEnd(34)}${help}`);
   }
   lines.push('  -h, --help                      this text', '  --version                       print the version');
   return lines.join('\n');
