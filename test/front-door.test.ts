@@ -4,6 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
+import { Client } from 'undici';
 import { after, afterEach, before, describe, it } from 'node:test';
 import { route, type RouterServer } from '../src/router/index.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
@@ -116,6 +117,23 @@ describe('front door: HTTP surface', () => {
     assert.equal(reply.status, 200);
     assert.equal(byId(nodes, native!).received[0]!.path, '/rpc/changes.read?since=42&x=%20');
     assert.equal(byId(nodes, native!).received[0]!.method, 'GET');
+  });
+
+  it('answers HEAD with the node\'s content-length and keeps the connection usable', async () => {
+    const [native] = await ranking(server.url, 'head-board');
+    byId(nodes, native!).behaviour = { kind: 'answer', body: 'h'.repeat(40), headers: { 'content-length': '40' } };
+    const client = new Client(server.url);
+    try {
+      const head = await client.request({ method: 'HEAD', path: '/rpc/node.stats', headers: { 'x-lakefront-board': 'head-board' } });
+      await head.body.dump();
+      assert.equal(head.statusCode, 200);
+      assert.equal(head.headers['content-length'], '40');
+      const next = await client.request({ method: 'GET', path: '/rpc/node.stats', headers: { 'x-lakefront-board': 'head-board' } });
+      assert.equal(next.statusCode, 200);
+      assert.equal(await next.body.text(), 'h'.repeat(40), 'the same connection still answers');
+    } finally {
+      await client.close();
+    }
   });
 
   it('rejects a body over the limit with 413 and forwards nothing', async () => {

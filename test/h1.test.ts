@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { createServer, type AddressInfo, type Server, type Socket } from 'node:net';
 import { after, describe, it } from 'node:test';
+import { isUnsent } from '../src/forward/exchange.js';
 import { H1Agent, H1Codes, headBlock, type H1Handler, type H1Pool, type H1Request } from '../src/forward/h1.js';
 
 interface RawRequest {
@@ -62,7 +63,7 @@ interface Outcome {
   status?: number;
   headers?: [string, string][];
   body?: string;
-  error?: { code: string; message: string };
+  error?: { code: string; message: string; unsent?: boolean };
 }
 
 function handler(): H1Handler & { done: Promise<Outcome> } {
@@ -76,7 +77,7 @@ function handler(): H1Handler & { done: Promise<Outcome> } {
       resolve({ status, headers: pairs, body: body.toString('utf8') });
     },
     onError(error) {
-      resolve({ error: { code: String((error as { code?: string }).code), message: error.message } });
+      resolve({ error: { code: String((error as { code?: string }).code), message: error.message, unsent: (error as { unsent?: boolean }).unsent } });
     },
   };
 }
@@ -207,6 +208,47 @@ describe('h1 client', () => {
     const { server, pool } = await setup(() => undefined, { requestTimeoutMs: 60 });
     const out = await send(pool, request('GET', '/'));
     assert.equal(out.error?.code, H1Codes.TIMEOUT);
+    server.close();
+  });
+
+  it('says when a failed request was never sent: queued past the timeout, or never connected', async () => {
+    const held: RawRequest[] = [];
+    const { server, pool } = await setup((req) => held.push(req), { connections: 1, requestTimeoutMs: 80 });
+    const first = send(pool, request('GET', '/held'));
+    const queued = await send(pool, request('POST', '/queued', [], 'w'));
+    assert.equal(queued.error?.code, H1Codes.TIMEOUT);
+    assert.equal(isUnsent(queued.error), true, 'it never left the queue');
+    const sentThenTimedOut = await first;
+    assert.equal(sentThenTimedOut.error?.code, H1Codes.TIMEOUT);
+    assert.equal(isUnsent(sentThenTimedOut.error), false, 'it was written: it may have landed');
+    server.close();
+    const refused = agent.pool('http://127.0.0.1:9', { connections: 1, requestTimeoutMs: 1_000 });
+    const out = await send(refused, request('POST', '/', [], 'w'));
+    assert.equal(isUnsent(out.error), true);
+  });
+
+  it('frames by transfer-encoding over content-length, and by the connection end when chunked is not last', async () => {
+    let n = 0;
+    const { server, pool } = await setup((req) => {
+      n++;
+      if (n === 1) req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 100\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n');
+      else req.socket.end('HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: identity\r\n\r\nraw bytes');
+    });
+    assert.equal((await send(pool, request('GET', '/'))).body, 'ok');
+    assert.equal((await send(pool, request('GET', '/'))).body, 'raw bytes');
+    server.close();
+  });
+
+  it('rejects a status code that is not three digits', async () => {
+    const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 2000 OK\r\ncontent-length: 0\r\n\r\n'));
+    assert.equal((await send(pool, request('GET', '/'))).error?.code, H1Codes.BAD_RESPONSE);
+    server.close();
+  });
+
+  it('reports the content-length of a HEAD response (it describes the body not sent)', async () => {
+    const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 1234\r\n\r\n'));
+    const out = await send(pool, request('HEAD', '/'), false);
+    assert.deepEqual(out.headers, [['content-length', '1234']]);
     server.close();
   });
 

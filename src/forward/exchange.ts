@@ -130,7 +130,8 @@ export class Exchange {
       return;
     }
     this.launch();
-    this.armHedge();
+    // A transport that failed synchronously may already have failed over and armed the clock.
+    if (this.hedgeTimer === null) this.armHedge();
   }
 
   /** Abort every attempt and settle nothing: the client went away. */

@@ -29,6 +29,7 @@ export const H1Codes = {
   REFUSED: 'ECONNREFUSED',
   CLOSED: 'LF_ERR_UPSTREAM_CLOSED',
   TIMEOUT: 'LF_ERR_UPSTREAM_TIMEOUT',
+  CONNECT_TIMEOUT: 'LF_ERR_UPSTREAM_CONNECT_TIMEOUT',
   BAD_RESPONSE: 'LF_ERR_UPSTREAM_BAD_RESPONSE',
   TOO_LARGE: 'LF_ERR_UPSTREAM_RESPONSE_TOO_LARGE',
   CANCELLED: 'LF_ERR_ATTEMPT_CANCELLED',
@@ -37,10 +38,13 @@ export const H1Codes = {
 
 export class H1Error extends Error {
   readonly code: string;
-  constructor(code: string, message: string) {
+  /** True when the request provably never reached the node (queued, or never connected). */
+  readonly unsent: boolean;
+  constructor(code: string, message: string, unsent = false) {
     super(message);
     this.name = 'H1Error';
     this.code = code;
+    this.unsent = unsent;
   }
 }
 
@@ -51,6 +55,8 @@ export interface H1Options {
   readonly requestTimeoutMs: number;
   /** Idle connections are closed after this long. Default 4000. */
   readonly keepAliveTimeoutMs?: number;
+  /** A connection not established after this long fails. Default: min(requestTimeoutMs, 5000). */
+  readonly connectTimeoutMs?: number;
   /** Larger responses fail the attempt. Default 64 MiB. */
   readonly maxResponseBytes?: number;
 }
@@ -173,6 +179,9 @@ class H1Connection {
   private chunkLine: Buffer | null = null;
   /** Whether the server's keep-alive hint was read. */
   private hinted = false;
+  /** Whether the TCP connection was ever established: before that, nothing was sent. */
+  connected = false;
+  readonly openedAt = coarseNow;
 
   constructor(
     readonly pool: H1Pool,
@@ -188,6 +197,7 @@ class H1Connection {
       noDelay: true,
       onread: { buffer: READ_BUFFER, callback: (n: number, buf: Uint8Array) => this.onRead(n, buf) },
     });
+    this.socket.once('connect', () => (this.connected = true));
     this.socket.on('error', (err: NodeJS.ErrnoException) => this.fail(err, false));
     // A clean close (no error before it) is the end of a body framed by the connection's end.
     this.socket.on('close', () => this.fail(new H1Error(H1Codes.CLOSED, 'upstream closed the connection'), true));
@@ -238,7 +248,11 @@ class H1Connection {
       if (cleanClose && this.closeDelimited && this.phase === Phase.UntilClose) this.complete(p);
       else {
         p.done = true;
-        p.handler.onError(error);
+        // Never connected: the request was buffered, never sent. Say so, whatever the cause.
+        const reported = this.connected || (error as { unsent?: boolean }).unsent === true
+          ? error
+          : new H1Error((error as { code?: string }).code ?? H1Codes.CLOSED, error.message, true);
+        p.handler.onError(reported);
       }
     }
     this.socket.destroy();
@@ -399,12 +413,14 @@ class H1Connection {
     }
     const minor = buf[start + 7]! - 48;
     const status = parseDecimal(buf, start + 9, start + 12);
-    if (status < 100 || status > 999 || (minor !== 0 && minor !== 1)) {
+    const after = buf[start + 12];
+    if (status < 100 || status > 999 || (minor !== 0 && minor !== 1) || (after !== 0x20 && after !== 0x0d)) {
       this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad status line'));
       return false;
     }
     let contentLength = -1;
-    let chunked = false;
+    /** Transfer codings seen, in order, across every transfer-encoding line. */
+    let codings: string | null = null;
     let keepAlive = minor === 1;
     const headers: Buffer[] = [];
     let lineStart = buf.indexOf(CRLF, start) + 2;
@@ -427,7 +443,8 @@ class H1Connection {
       switch (colon - lineStart) {
         case 14:
           if (nameIs(buf, lineStart, colon, 'content-length')) {
-            relay = false;
+            // A HEAD response's length describes the body it did not send: the caller needs it.
+            relay = !p.expectBody;
             const n = parseDecimal(buf, vs, ve);
             if (n < 0 || (contentLength >= 0 && contentLength !== n)) {
               this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad content-length'));
@@ -439,7 +456,8 @@ class H1Connection {
         case 17:
           if (nameIs(buf, lineStart, colon, 'transfer-encoding')) {
             relay = false;
-            chunked = hasToken(buf, vs, ve, 'chunked');
+            const value = buf.toString('latin1', vs, ve).toLowerCase();
+            codings = codings === null ? value : `${codings},${value}`;
           }
           break;
         case 10:
@@ -487,8 +505,16 @@ class H1Connection {
       this.complete(p);
       return false;
     }
-    if (chunked) {
-      this.phase = Phase.ChunkSize;
+    if (codings !== null) {
+      // RFC 9112 6.3: transfer-encoding overrides content-length; chunked must be the final
+      // coding, or the body runs to the end of the connection.
+      const list = codings.split(',').map((c) => c.trim()).filter(Boolean);
+      if (list[list.length - 1] === 'chunked') this.phase = Phase.ChunkSize;
+      else {
+        this.phase = Phase.UntilClose;
+        this.closeDelimited = true;
+        this.reusable = false;
+      }
     } else if (contentLength >= 0) {
       if (contentLength > this.pool.maxResponseBytes) {
         this.destroy(new H1Error(H1Codes.TOO_LARGE, 'response larger than the limit'));
@@ -542,6 +568,7 @@ export class H1Pool {
   readonly maxResponseBytes: number;
   readonly maxConnections: number;
   readonly requestTimeoutMs: number;
+  readonly connectTimeoutMs: number;
   private readonly idle: H1Connection[] = [];
   private readonly all = new Set<H1Connection>();
   private queue: Pending[] = [];
@@ -556,6 +583,7 @@ export class H1Pool {
     this.hostHeader = parsed.host;
     this.maxConnections = Math.max(1, options.connections);
     this.requestTimeoutMs = options.requestTimeoutMs;
+    this.connectTimeoutMs = options.connectTimeoutMs ?? Math.min(options.requestTimeoutMs, 5_000);
     this.keepAliveTimeoutMs = options.keepAliveTimeoutMs ?? DEFAULT_KEEP_ALIVE_MS;
     this.maxResponseBytes = options.maxResponseBytes ?? DEFAULT_MAX_RESPONSE;
   }
@@ -633,11 +661,15 @@ export class H1Pool {
       const p = this.queue[i]!;
       if (!p.done && now - p.queuedAt > timeout) {
         p.done = true;
-        p.handler.onError(new H1Error(H1Codes.TIMEOUT, `no connection to the node within ${this.requestTimeoutMs} ms`));
+        p.handler.onError(new H1Error(H1Codes.TIMEOUT, `no connection to the node within ${this.requestTimeoutMs} ms`, true));
       }
     }
     for (const conn of [...this.all]) {
-      if (conn.pending !== null) {
+      if (!conn.connected) {
+        if (now - conn.openedAt > this.connectTimeoutMs + slackMs) {
+          conn.destroy(new H1Error(H1Codes.CONNECT_TIMEOUT, `could not connect to the node within ${this.connectTimeoutMs} ms`, true));
+        }
+      } else if (conn.pending !== null) {
         if (now - conn.lastActivity > timeout) conn.destroy(new H1Error(H1Codes.TIMEOUT, `no response from the node within ${this.requestTimeoutMs} ms`));
       } else if (now - conn.idleSince > conn.keepAliveMs) {
         conn.destroy(new H1Error(H1Codes.CLOSED, 'idle'));

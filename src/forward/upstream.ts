@@ -77,6 +77,7 @@ const CANCELLED = new H1Error(H1Codes.CANCELLED, 'attempt cancelled');
 class H1Attempt implements AttemptHandle, H1Handler {
   private ticket: H1Ticket | null = null;
   private cancelled = false;
+  private graceTimer: NodeJS.Timeout | null = null;
   private ended = false;
   private readonly startedAt = performance.now();
 
@@ -97,20 +98,28 @@ class H1Attempt implements AttemptHandle, H1Handler {
     this.cancelled = true;
     const grace = this.transport.cancelGraceMs;
     if (grace <= 0 || !this.transport.pool.isWritten(this.ticket!)) this.kill();
-    else setTimeout(killAttempt, grace, this).unref();
+    else this.graceTimer = setTimeout(killAttempt, grace, this).unref();
+  }
+
+  private end(): void {
+    this.ended = true;
+    if (this.graceTimer !== null) {
+      clearTimeout(this.graceTimer);
+      this.graceTimer = null;
+    }
   }
 
   /** @internal drop the request (queued) or close its connection (written). */
   kill(): void {
     if (this.ended) return;
-    this.ended = true;
+    this.end();
     this.transport.pool.cancel(this.ticket!);
     this.transport.observer.attemptEnded(this.node, true, -1, CANCELLED, this.exchange.op);
   }
 
   onResponse(status: number, headers: Buffer[], body: Buffer): void {
     if (this.ended) return;
-    this.ended = true;
+    this.end();
     const ms = performance.now() - this.startedAt;
     const ok = !isGatewayFailure(status);
     // A cancelled attempt that finished in its grace is still a true sample of the node.
@@ -120,7 +129,7 @@ class H1Attempt implements AttemptHandle, H1Handler {
 
   onError(error: H1Error | NodeJS.ErrnoException): void {
     if (this.ended) return;
-    this.ended = true;
+    this.end();
     this.transport.observer.attemptEnded(this.node, false, performance.now() - this.startedAt, error, this.exchange.op);
     if (!this.cancelled) this.exchange.failed(this.ordinal, error);
   }
@@ -154,6 +163,7 @@ class H1Transport implements NodeTransport {
 class DispatchAttempt implements AttemptHandle {
   private abortFn: ((reason?: Error) => void) | null = null;
   private cancelled = false;
+  private graceTimer: NodeJS.Timeout | null = null;
   private killed = false;
   private ended = false;
   private status = 0;
@@ -179,7 +189,15 @@ class DispatchAttempt implements AttemptHandle {
     this.cancelled = true;
     if (this.abortFn === null) return; // not on a socket yet: onConnect drops it
     if (this.transport.cancelGraceMs <= 0) this.kill();
-    else setTimeout(killAttempt, this.transport.cancelGraceMs, this).unref();
+    else this.graceTimer = setTimeout(killAttempt, this.transport.cancelGraceMs, this).unref();
+  }
+
+  private end(): void {
+    this.ended = true;
+    if (this.graceTimer !== null) {
+      clearTimeout(this.graceTimer);
+      this.graceTimer = null;
+    }
   }
 
   /** @internal grace expired: close the connection. */
@@ -220,7 +238,7 @@ class DispatchAttempt implements AttemptHandle {
 
   onComplete(_trailers: unknown): void {
     if (this.ended) return;
-    this.ended = true;
+    this.end();
     const ms = performance.now() - this.startedAt;
     const body = this.chunks !== null ? Buffer.concat(this.chunks) : this.single ?? EMPTY;
     const ok = !isGatewayFailure(this.status);
@@ -230,7 +248,7 @@ class DispatchAttempt implements AttemptHandle {
 
   onError(err: Error): void {
     if (this.ended) return;
-    this.ended = true;
+    this.end();
     if (this.killed) {
       // Dropped or closed by us (cancelled): not the node's fault.
       this.transport.observer.attemptEnded(this.node, true, -1, CANCELLED, this.exchange.op);

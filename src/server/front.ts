@@ -191,15 +191,19 @@ class ProxyRequest implements ProxiedRequest {
       }
       res.writeStatus(statusLine(exchange.status));
       const raw = exchange.headers as Buffer[] | null;
+      let declaredLength = 0;
       if (raw !== null) {
         for (let i = 0; i + 1 < raw.length; i += 2) {
           const name = raw[i]!;
           if (!isDroppedResponseHeader(name)) res.writeHeader(name, raw[i + 1]!);
+          else if (this.method === 'HEAD' && nameIs(name, 'content-length')) declaredLength = Number(raw[i + 1]!.toString('latin1')) || 0;
         }
       }
       res.writeHeader(SERVED_BY_HEADER, runtime.ids[exchange.servedBy]!);
       res.writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0');
-      if (this.method === 'HEAD') res.endWithoutBody(undefined, close);
+      // uWS writes its own content-length; for HEAD it must be the node's (left out, uWS would
+      // write a bogus huge one and treat the response as unfinished).
+      if (this.method === 'HEAD') res.endWithoutBody(declaredLength, close);
       else res.end(exchange.body!, close);
     });
     this.finish();
