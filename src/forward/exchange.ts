@@ -100,7 +100,6 @@ export class Exchange {
   failure: ExchangeFailure | null = null;
   /** Duration of the winning attempt, milliseconds. */
   latencyMs = 0;
-  lastError: unknown = null;
 
   private inflight = 0;
   /** Per ordinal: the running attempt's handle, or null once it finished (or before it began). */
@@ -147,7 +146,6 @@ export class Exchange {
     if (!this.finish(ordinal)) return;
     if (this.done) return;
     if (this.retryable && isGatewayFailure(status)) {
-      this.lastError = status;
       this.next(false);
       return;
     }
@@ -167,7 +165,6 @@ export class Exchange {
   failed(ordinal: number, error: unknown): void {
     if (!this.finish(ordinal)) return;
     if (this.done) return;
-    this.lastError = error;
     this.next(this.failoverUnsent && isUnsent(error));
   }
 

@@ -593,10 +593,6 @@ export class H1Pool {
     return this.all.size;
   }
 
-  get idleCount(): number {
-    return this.idle.length;
-  }
-
   /** Queues or writes the request; the outcome reaches `handler` later. Returns a cancel token. */
   send(request: H1Request, handler: H1Handler, expectBody = true): H1Ticket {
     const p = new Pending(request, handler, expectBody);

@@ -71,14 +71,39 @@ export interface TransportOptions {
 
 const CANCELLED = new H1Error(H1Codes.CANCELLED, 'attempt cancelled');
 
+/**
+ * What both attempt kinds share: an attempt ends once, and a cancelled one is given
+ * `cancelGraceMs` to finish before `kill()` closes its connection.
+ */
+abstract class CancellableAttempt implements AttemptHandle {
+  protected ended = false;
+  protected cancelled = false;
+  private graceTimer: NodeJS.Timeout | null = null;
+
+  abstract abort(): void;
+  /** Close the connection (or drop the queued request) now. */
+  abstract kill(): void;
+
+  /** Kill at once, or after the grace period when it is positive. */
+  protected killAfter(graceMs: number): void {
+    if (graceMs <= 0) this.kill();
+    else this.graceTimer = setTimeout(killAttempt, graceMs, this).unref();
+  }
+
+  protected end(): void {
+    this.ended = true;
+    if (this.graceTimer !== null) {
+      clearTimeout(this.graceTimer);
+      this.graceTimer = null;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // h1
 
-class H1Attempt implements AttemptHandle, H1Handler {
+class H1Attempt extends CancellableAttempt implements H1Handler {
   private ticket: H1Ticket | null = null;
-  private cancelled = false;
-  private graceTimer: NodeJS.Timeout | null = null;
-  private ended = false;
   private readonly startedAt = performance.now();
 
   constructor(
@@ -86,7 +111,9 @@ class H1Attempt implements AttemptHandle, H1Handler {
     private readonly exchange: Exchange,
     private readonly ordinal: number,
     private readonly node: number,
-  ) {}
+  ) {
+    super();
+  }
 
   start(request: UpstreamRequest): this {
     this.ticket = this.transport.pool.send(request, this, request.method !== 'HEAD');
@@ -96,17 +123,8 @@ class H1Attempt implements AttemptHandle, H1Handler {
   abort(): void {
     if (this.ended || this.cancelled) return;
     this.cancelled = true;
-    const grace = this.transport.cancelGraceMs;
-    if (grace <= 0 || !this.transport.pool.isWritten(this.ticket!)) this.kill();
-    else this.graceTimer = setTimeout(killAttempt, grace, this).unref();
-  }
-
-  private end(): void {
-    this.ended = true;
-    if (this.graceTimer !== null) {
-      clearTimeout(this.graceTimer);
-      this.graceTimer = null;
-    }
+    // Not written yet: nothing to wait for.
+    this.killAfter(this.transport.pool.isWritten(this.ticket!) ? this.transport.cancelGraceMs : 0);
   }
 
   /** @internal drop the request (queued) or close its connection (written). */
@@ -160,12 +178,9 @@ class H1Transport implements NodeTransport {
 // undici
 
 /** The undici handler and the exchange's abort handle in one object. */
-class DispatchAttempt implements AttemptHandle {
+class DispatchAttempt extends CancellableAttempt {
   private abortFn: ((reason?: Error) => void) | null = null;
-  private cancelled = false;
-  private graceTimer: NodeJS.Timeout | null = null;
   private killed = false;
-  private ended = false;
   private status = 0;
   private rawHeaders: Buffer[] | null = null;
   private chunks: Buffer[] | null = null;
@@ -177,7 +192,9 @@ class DispatchAttempt implements AttemptHandle {
     private readonly exchange: Exchange,
     private readonly ordinal: number,
     private readonly node: number,
-  ) {}
+  ) {
+    super();
+  }
 
   start(request: UpstreamRequest): this {
     this.transport.pool.dispatch(request.dispatchOptions, this as unknown as Dispatcher.DispatchHandler);
@@ -188,16 +205,7 @@ class DispatchAttempt implements AttemptHandle {
     if (this.ended || this.cancelled) return;
     this.cancelled = true;
     if (this.abortFn === null) return; // not on a socket yet: onConnect drops it
-    if (this.transport.cancelGraceMs <= 0) this.kill();
-    else this.graceTimer = setTimeout(killAttempt, this.transport.cancelGraceMs, this).unref();
-  }
-
-  private end(): void {
-    this.ended = true;
-    if (this.graceTimer !== null) {
-      clearTimeout(this.graceTimer);
-      this.graceTimer = null;
-    }
+    this.killAfter(this.transport.cancelGraceMs);
   }
 
   /** @internal grace expired: close the connection. */

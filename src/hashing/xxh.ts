@@ -16,11 +16,6 @@ const api = await xxhash();
 
 const TWO_POW_52 = 2 ** 52;
 
-/** XXH64 of the UTF-8 bytes of `text` with `seed`. */
-export function xxh64(text: string, seed: bigint = 0n): bigint {
-  return api.h64(text, seed);
-}
-
 /** The per-node seed: XXH64(utf8(nodeId), 0). Compute once per membership change. */
 export function nodeSeed(nodeId: string): bigint {
   return api.h64(nodeId, 0n);

@@ -13,8 +13,7 @@
  *  16 + 16*n + 1       node n: flags (FLAG_*)
  *  16 + 16*n + 2       node n: region index (-1 = none)
  *  16 + 16*n + 3       node n: cluster index
- *  16 + 16*n + 4       node n: read-pool EWMA in microseconds (published by the control plane)
- *  16 + 16*n + 5 .. 15 reserved                     (one 64-byte line per node)
+ *  16 + 16*n + 4 .. 15 reserved                     (one 64-byte line per node)
  * ```
  *
  * Node ids, URLs and cluster names never change after start-up; they travel to workers once, in
@@ -39,14 +38,11 @@ export const R_WEIGHT_MILLI = 0;
 export const R_FLAGS = 1;
 export const R_REGION = 2;
 export const R_CLUSTER = 3;
-export const R_EWMA_US = 4;
 
 /** The node answers its health check. */
 export const FLAG_HEALTHY = 1;
 /** The operator has not disabled or drained the node. */
 export const FLAG_ENABLED = 2;
-/** Removed from the read pool as a latency outlier (still takes writes if it leads). */
-export const FLAG_EJECTED = 4;
 /** The node is its cluster's detected leader. */
 export const FLAG_LEADER = 8;
 
@@ -56,7 +52,6 @@ export interface NodeRow {
   flags: number;
   region: number;
   cluster: number;
-  ewmaUs: number;
 }
 
 export function tableBytes(nodeCount: number): number {
@@ -93,7 +88,6 @@ export class TableWriter {
       Atomics.store(ints, base + R_FLAGS, row.flags);
       Atomics.store(ints, base + R_REGION, row.region);
       Atomics.store(ints, base + R_CLUSTER, row.cluster);
-      Atomics.store(ints, base + R_EWMA_US, Math.min(0x7fffffff, Math.max(0, Math.round(row.ewmaUs))));
     }
     Atomics.add(ints, H_GENERATION, 1); // even: consistent
   }
@@ -133,17 +127,9 @@ export class TableReader {
         row.flags = Atomics.load(ints, base + R_FLAGS);
         row.region = Atomics.load(ints, base + R_REGION);
         row.cluster = Atomics.load(ints, base + R_CLUSTER);
-        row.ewmaUs = Atomics.load(ints, base + R_EWMA_US);
       }
       if (Atomics.load(ints, H_GENERATION) === before) return before;
     }
   }
 
-  /** Fresh rows, for callers that do not keep their own. */
-  snapshot(): { generation: number; rows: NodeRow[] } {
-    const rows: NodeRow[] = [];
-    for (let n = 0; n < this.nodeCount; n++) rows.push({ weight: 0, flags: 0, region: -1, cluster: 0, ewmaUs: 0 });
-    const generation = this.read(rows);
-    return { generation, rows };
-  }
 }

@@ -264,7 +264,7 @@ export class WorkerFront {
     this.hedging = init.settings.hedgeMode !== 'off';
     this.slot = new CounterSlot(init.counters, init.slot, init.nodes.length);
     this.table = new TableReader(init.table);
-    this.rows = init.nodes.map(() => ({ weight: 0, flags: 0, region: -1, cluster: 0, ewmaUs: 0 }));
+    this.rows = init.nodes.map(() => ({ weight: 0, flags: 0, region: -1, cluster: 0 }));
     this.histograms = new NodeHistograms(init.nodes.length);
     this.agent = new H1Agent(sweepPeriodMs(init.settings.requestTimeoutMs));
     this.runtimes = init.clusters.map(

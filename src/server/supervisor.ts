@@ -256,7 +256,6 @@ export class FrontDoor extends EventEmitter {
           flags: (healthy ? FLAG_HEALTHY : 0) | FLAG_ENABLED | (node.id === leader ? FLAG_LEADER : 0),
           region: -1,
           cluster: clusterIndex,
-          ewmaUs: 0,
         });
       }
     });
