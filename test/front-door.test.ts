@@ -82,15 +82,21 @@ describe('front door: HTTP surface', () => {
       kind: 'answer',
       status: 418,
       body: 'short and stout',
-      headers: { 'content-type': 'text/plain; charset=utf-8', 'x-extra': 'kept' },
+      // The node's own served-by and hedged lines must not reach the client beside ours.
+      headers: { 'content-type': 'text/plain; charset=utf-8', 'x-extra': 'kept', 'X-Lakefront-Served-By': 'spoof', 'x-lakefront-hedged': '1', 'x-last': 'last' },
     };
     const reply = await rpc(server.url, 'query.execute', 'board-7', { body: '{"sql":"select 1"}' });
     assert.equal(reply.status, 418);
     assert.equal(reply.text, 'short and stout');
     assert.equal(reply.headers['content-type'], 'text/plain; charset=utf-8');
     assert.equal(reply.headers['x-extra'], 'kept');
+    assert.equal(reply.headers['x-last'], 'last');
+    assert.equal(reply.headers['x-node'], native);
     assert.equal(reply.headers['x-lakefront-served-by'], native);
     assert.equal(reply.headers['x-lakefront-hedged'], '0');
+    // One date and one content-length (uWS writes its own; the node's are not relayed).
+    assert.equal(typeof reply.headers['date'], 'string');
+    assert.equal(reply.headers['content-length'], String('short and stout'.length));
     const got = byId(nodes, native!).received[0]!;
     assert.equal(got.method, 'POST');
     assert.equal(got.path, '/rpc/query.execute');

@@ -71,10 +71,8 @@ function handler(): H1Handler & { done: Promise<Outcome> } {
   const done = new Promise<Outcome>((r) => (resolve = r));
   return {
     done,
-    onResponse(status, headers, body) {
-      const pairs: [string, string][] = [];
-      for (let i = 0; i < headers.length; i += 2) pairs.push([headers[i]!.toString('utf8'), headers[i + 1]!.toString('utf8')]);
-      resolve({ status, headers: pairs, body: body.toString('utf8') });
+    onResponse(status, fields, body) {
+      resolve({ status, headers: fields.pairs('utf8'), body: body.toString('utf8') });
     },
     onError(error) {
       resolve({ error: { code: String((error as { code?: string }).code), message: error.message, unsent: (error as { unsent?: boolean }).unsent } });
@@ -149,6 +147,46 @@ describe('h1 client', () => {
     const { server, pool } = await setup((req) => req.socket.write(Buffer.from('HTTP/1.1 200 OK\r\nx-file: naïve 東京\r\ncontent-length: 0\r\n\r\n')));
     const out = await send(pool, request('GET', '/'));
     assert.deepEqual(out.headers, [['x-file', 'naïve 東京']]);
+    server.close();
+  });
+
+  it('keeps header fields whose bytes a later read overwrote (the read buffer is shared)', async () => {
+    // The head arrives in one read and the body in a longer second one, which reuses the read
+    // buffer from offset 0: the fields must have been copied out before it. The pause paces the
+    // server's writes into two reads; it waits for nothing the test could await instead.
+    const { server, pool } = await setup((req) => {
+      req.socket.write('HTTP/1.1 200 OK\r\nx-first: one\r\nx-second: two\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n');
+      setTimeout(() => req.socket.write(`40\r\n${'z'.repeat(64)}\r\n0\r\n\r\n`), 30);
+    });
+    const out = await send(pool, request('GET', '/'));
+    assert.deepEqual(out.headers, [['x-first', 'one'], ['x-second', 'two']]);
+    assert.equal(out.body, `abc${'z'.repeat(64)}`);
+    server.close();
+  });
+
+  it('fails a head with a bare CR or LF, or a folded line, rather than relaying a line break', async () => {
+    const heads = [
+      'HTTP/1.1 200 OK\r\nx-a: one\ntwo\r\ncontent-length: 0\r\n\r\n',
+      'HTTP/1.1 200 OK\r\nx-a: one\rtwo\r\ncontent-length: 0\r\n\r\n',
+      'HTTP/1.1 200 OK\r\nx-a: one\r\n two\r\ncontent-length: 0\r\n\r\n',
+      'HTTP/1.1 200 OK\r\nno colon here\r\ncontent-length: 0\r\n\r\n',
+    ];
+    for (const head of heads) {
+      const { server, pool } = await setup((req) => req.socket.write(head));
+      const out = await send(pool, request('GET', '/'));
+      assert.equal(out.error?.code, H1Codes.BAD_RESPONSE, JSON.stringify(head));
+      server.close();
+    }
+  });
+
+  it('writes an all-ASCII request as latin1, byte for byte the same as UTF-8', async () => {
+    const { server, pool } = await setup();
+    const plain = request('POST', '/rpc/x?q=1', ['x-lakefront-board', 'b-1', 'x-tab', 'a\tb'], '{"v":1}');
+    await send(pool, { ...plain, ascii: true });
+    await send(pool, plain);
+    const [latin1, utf8] = server.requests;
+    assert.equal(latin1!.text, utf8!.text);
+    assert.equal(latin1!.text, `POST /rpc/x?q=1 HTTP/1.1\r\nhost: 127.0.0.1:${pool.port}\r\nx-lakefront-board: b-1\r\nx-tab: a\tb\r\ncontent-length: 7\r\n\r\n{"v":1}`);
     server.close();
   });
 

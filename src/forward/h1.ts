@@ -23,6 +23,9 @@
  *   by one sweep timer per agent, not a timer per request.
  */
 import { connect, type Socket } from 'node:net';
+import { HeaderFields, nameIs } from './fields.js';
+
+export { HeaderFields } from './fields.js';
 
 /** Stable codes for client failures. */
 export const H1Codes = {
@@ -72,15 +75,20 @@ export interface H1Request {
    */
   readonly headBlock: string;
   readonly body: Buffer | null;
+  /**
+   * Method, path and every header are ASCII, so latin1 encodes them byte for byte as UTF-8
+   * would, without V8's slower UTF-8 encoder. Optional: UTF-8 when not said.
+   */
+  readonly ascii?: boolean;
 }
 
 /** Receives the outcome of one request. Called at most once, never synchronously from `send`. */
 export interface H1Handler {
   /**
-   * The complete response. `headers` are [name, value, ...] byte slices; `headers` and `body`
-   * may view a read buffer and are valid only during this call: copy what must outlive it.
+   * The complete response. `fields` and `body` may view a read buffer and are valid only during
+   * this call: copy what must outlive it.
    */
-  onResponse(status: number, headers: Buffer[], body: Buffer): void;
+  onResponse(status: number, fields: HeaderFields, body: Buffer): void;
   onError(error: H1Error | NodeJS.ErrnoException): void;
 }
 
@@ -97,23 +105,20 @@ function copyIfShared(view: Buffer): Buffer {
   return view.buffer === READ_BUFFER.buffer ? Buffer.from(view) : view;
 }
 
-const CRLF = Buffer.from('\r\n');
-const CRLFCRLF = Buffer.from('\r\n\r\n');
+/** Offset of the first CRLF in buf[from, end), or -1. A JS loop: no native call per search. */
+function findCRLF(buf: Uint8Array, from: number, end: number): number {
+  for (let i = from; i + 1 < end; i++) if (buf[i] === 0x0d && buf[i + 1] === 0x0a) return i;
+  return -1;
+}
+
+/** parseHead results other than an offset. */
+const HEAD_INCOMPLETE = -1;
+const HEAD_DONE = -2;
 const EMPTY = Buffer.alloc(0);
 const DEFAULT_KEEP_ALIVE_MS = 4_000;
 const DEFAULT_MAX_RESPONSE = 64 * 1024 * 1024;
 /** Longest response head accepted. */
 const MAX_HEAD_BYTES = 64 * 1024;
-
-/** Case-insensitive compare of raw header-name bytes against a lower-case ASCII name. */
-function nameIs(buf: Buffer, start: number, end: number, lower: string): boolean {
-  if (end - start !== lower.length) return false;
-  for (let i = 0; i < lower.length; i++) {
-    const c = buf[start + i]!;
-    if ((c >= 65 && c <= 90 ? c | 0x20 : c) !== lower.charCodeAt(i)) return false;
-  }
-  return true;
-}
 
 /** Whether the value bytes contain `token` as a comma-separated element (case-insensitive). */
 function hasToken(buf: Buffer, start: number, end: number, token: string): boolean {
@@ -168,7 +173,8 @@ class H1Connection {
   private phase = Phase.Head;
   private head: Buffer | null = null;
   private status = 0;
-  private headers: Buffer[] = [];
+  /** The head's fields, reused for every response on this connection. */
+  private readonly fields = new HeaderFields();
   private remaining = 0;
   private bodyParts: Buffer[] = [];
   private bodyBytes = 0;
@@ -209,24 +215,23 @@ class H1Connection {
     this.phase = Phase.Head;
     this.head = null;
     this.status = 0;
-    this.headers = [];
-    this.bodyParts = [];
+    this.bodyParts.length = 0;
     this.bodyBytes = 0;
     this.reusable = true;
     this.closeDelimited = false;
     this.lastActivity = coarseNow;
     const { request } = p;
-    const first = `${request.method} ${request.path} HTTP/1.1\r\nhost: ${this.pool.hostHeader}\r\n`;
+    const headText = `${request.method} ${request.path} HTTP/1.1\r\nhost: ${this.pool.hostHeader}\r\n${request.headBlock}`;
+    const encoding = request.ascii === true ? 'latin1' : 'utf8';
     const body = request.body;
     if (body === null || body.length === 0) {
-      this.socket.write(first + request.headBlock, 'utf8');
+      this.socket.write(headText, encoding);
       return;
     }
     // One buffer, one write: head and body leave in one syscall.
-    const headText = first + request.headBlock;
-    const headBytes = Buffer.byteLength(headText, 'utf8');
+    const headBytes = encoding === 'latin1' ? headText.length : Buffer.byteLength(headText, 'utf8');
     const out = Buffer.allocUnsafe(headBytes + body.length);
-    out.write(headText, 0, headBytes, 'utf8');
+    out.write(headText, 0, headBytes, encoding);
     body.copy(out, headBytes);
     this.socket.write(out);
   }
@@ -260,7 +265,8 @@ class H1Connection {
 
   private onRead(n: number, buf: Uint8Array): boolean {
     const p = this.pending;
-    this.onData(Buffer.from(buf.buffer, buf.byteOffset, n));
+    // `buf` is READ_BUFFER (the onread option hands back the buffer it was given).
+    this.onData(buf as Buffer, 0, n);
     // The response is still incomplete: what it holds of the read buffer must be copied.
     if (p !== null && this.pending === p) this.own();
     return true;
@@ -268,13 +274,14 @@ class H1Connection {
 
   /** Copies every view into the shared read buffer that the pending response still holds. */
   private own(): void {
-    for (let i = 0; i < this.headers.length; i++) this.headers[i] = copyIfShared(this.headers[i]!);
+    if (this.fields.buf.buffer === READ_BUFFER.buffer) this.fields.own();
     for (let i = 0; i < this.bodyParts.length; i++) this.bodyParts[i] = copyIfShared(this.bodyParts[i]!);
     if (this.head !== null) this.head = copyIfShared(this.head);
     if (this.chunkLine !== null) this.chunkLine = copyIfShared(this.chunkLine);
   }
 
-  private onData(chunk: Buffer): void {
+  /** Consumes `chunk[start, limit)`. Never reads outside it: the rest of a read buffer is stale. */
+  private onData(chunk: Buffer, start: number, limit: number): void {
     const p = this.pending;
     if (p === null) {
       // Bytes nobody asked for: the connection is out of step. Drop it.
@@ -283,83 +290,85 @@ class H1Connection {
     }
     this.lastActivity = coarseNow;
     let buf = chunk;
-    let at = 0;
-    while (at < buf.length && this.pending === p) {
+    let at = start;
+    let end = limit;
+    while (at < end && this.pending === p) {
       switch (this.phase) {
         case Phase.Head: {
           if (this.head !== null) {
-            buf = Buffer.concat([this.head, buf.subarray(at)]);
+            buf = Buffer.concat([this.head, buf.subarray(at, end)]);
             at = 0;
+            end = buf.length;
             this.head = null;
           }
-          const end = buf.indexOf(CRLFCRLF, at);
-          if (end < 0) {
-            if (buf.length - at > MAX_HEAD_BYTES) {
+          const next = this.parseHead(buf, at, end, p);
+          if (next === HEAD_INCOMPLETE) {
+            if (end - at > MAX_HEAD_BYTES) {
               this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'response head too large'));
               return;
             }
-            this.head = buf.subarray(at);
+            this.head = buf.subarray(at, end);
             return;
           }
-          if (!this.parseHead(buf, at, end, p, end + 4 < buf.length)) return;
-          at = end + 4;
+          if (next === HEAD_DONE) return;
+          at = next;
           break;
         }
         case Phase.Length: {
-          const take = Math.min(this.remaining, buf.length - at);
+          const take = Math.min(this.remaining, end - at);
           this.addBody(buf.subarray(at, at + take));
           at += take;
           this.remaining -= take;
           if (this.remaining === 0) {
             // Bytes past the response mean the connection is out of step: answer, then close.
-            if (at < buf.length) this.reusable = false;
+            if (at < end) this.reusable = false;
             this.complete(p);
             return;
           }
           break;
         }
         case Phase.UntilClose: {
-          this.addBody(buf.subarray(at));
-          at = buf.length;
+          this.addBody(buf.subarray(at, end));
+          at = end;
           break;
         }
         case Phase.ChunkSize:
         case Phase.Trailers: {
-          let line: Buffer;
           if (this.chunkLine !== null) {
-            buf = Buffer.concat([this.chunkLine, buf.subarray(at)]);
+            buf = Buffer.concat([this.chunkLine, buf.subarray(at, end)]);
             at = 0;
+            end = buf.length;
             this.chunkLine = null;
           }
-          const eol = buf.indexOf(CRLF, at);
+          const eol = findCRLF(buf, at, end);
           if (eol < 0) {
-            if (buf.length - at > 4096) {
+            if (end - at > 4096) {
               this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'chunk line too long'));
               return;
             }
-            this.chunkLine = buf.subarray(at);
+            this.chunkLine = buf.subarray(at, end);
             return;
           }
-          line = buf.subarray(at, eol);
+          const lineStart = at;
           at = eol + 2;
           if (this.phase === Phase.Trailers) {
-            if (line.length === 0) {
-              if (at < buf.length) this.reusable = false;
+            if (eol === lineStart) {
+              if (at < end) this.reusable = false;
               this.complete(p);
               return;
             }
             break; // a trailer field: read and dropped
           }
           let size = 0;
-          let i = 0;
-          for (; i < line.length; i++) {
-            const c = line[i]!;
+          let i = lineStart;
+          for (; i < eol; i++) {
+            const c = buf[i]!;
             const digit = c >= 48 && c <= 57 ? c - 48 : c >= 97 && c <= 102 ? c - 87 : c >= 65 && c <= 70 ? c - 55 : -1;
             if (digit < 0) break;
             size = size * 16 + digit;
             if (size > Number.MAX_SAFE_INTEGER / 16) break;
           }
-          if (i === 0 || (i < line.length && line[i] !== 0x3b /* ; */ && line[i] !== 0x20 && line[i] !== 0x09)) {
+          if (i === lineStart || (i < eol && buf[i] !== 0x3b /* ; */ && buf[i] !== 0x20 && buf[i] !== 0x09)) {
             this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad chunk size'));
             return;
           }
@@ -371,7 +380,7 @@ class H1Connection {
           break;
         }
         case Phase.ChunkData: {
-          const take = Math.min(this.remaining, buf.length - at);
+          const take = Math.min(this.remaining, end - at);
           this.addBody(buf.subarray(at, at + take));
           at += take;
           this.remaining -= take;
@@ -383,7 +392,7 @@ class H1Connection {
         }
         case Phase.ChunkDataEnd: {
           // The CRLF after a chunk's data, possibly split across reads.
-          while (this.remaining > 0 && at < buf.length) {
+          while (this.remaining > 0 && at < end) {
             const expected = this.remaining === 2 ? 0x0d : 0x0a;
             if (buf[at] !== expected) {
               this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'chunk not followed by CRLF'));
@@ -402,71 +411,93 @@ class H1Connection {
   }
 
   /**
-   * Parses the head in buf[start, end) (end = the CRLFCRLF); `more` says bytes follow it in this
-   * read. Returns false when the response or the connection is finished with.
+   * Parses a response head starting at buf[start], in one pass over the bytes (no native search
+   * calls). Returns the offset just past the head; HEAD_INCOMPLETE when the head does not end
+   * before `end` (nothing is kept: it is parsed again once more bytes came); HEAD_DONE when the
+   * response or the connection is finished with.
+   *
+   * Strict where laxness would be unsafe to relay: a bare CR or LF, or a folded line, fails the
+   * response rather than reaching the client as a line break.
    */
-  private parseHead(buf: Buffer, start: number, end: number, p: Pending, more: boolean): boolean {
+  private parseHead(buf: Buffer, start: number, end: number, p: Pending): number {
+    const eol = findCRLF(buf, start, end);
+    if (eol < 0) return HEAD_INCOMPLETE;
     // Status line: HTTP/1.x SP 3DIGIT [SP reason]
-    if (end - start < 12 || buf[start] !== 0x48 || buf[start + 1] !== 0x54 || buf[start + 2] !== 0x54 || buf[start + 3] !== 0x50 || buf[start + 4] !== 0x2f || buf[start + 5] !== 0x31 || buf[start + 6] !== 0x2e || buf[start + 8] !== 0x20) {
+    if (eol - start < 12 || buf[start] !== 0x48 || buf[start + 1] !== 0x54 || buf[start + 2] !== 0x54 || buf[start + 3] !== 0x50 || buf[start + 4] !== 0x2f || buf[start + 5] !== 0x31 || buf[start + 6] !== 0x2e || buf[start + 8] !== 0x20) {
       this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad status line'));
-      return false;
+      return HEAD_DONE;
     }
     const minor = buf[start + 7]! - 48;
     const status = parseDecimal(buf, start + 9, start + 12);
-    const after = buf[start + 12];
-    if (status < 100 || status > 999 || (minor !== 0 && minor !== 1) || (after !== 0x20 && after !== 0x0d)) {
+    if (status < 100 || status > 999 || (minor !== 0 && minor !== 1) || (eol > start + 12 && buf[start + 12] !== 0x20)) {
       this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad status line'));
-      return false;
+      return HEAD_DONE;
     }
     let contentLength = -1;
     /** Transfer codings seen, in order, across every transfer-encoding line. */
     let codings: string | null = null;
     let keepAlive = minor === 1;
-    const headers: Buffer[] = [];
-    let lineStart = buf.indexOf(CRLF, start) + 2;
-    while (lineStart < end + 2 && lineStart > 1) {
-      let lineEnd = buf.indexOf(CRLF, lineStart);
-      if (lineEnd < 0 || lineEnd > end) lineEnd = end;
-      if (lineEnd === lineStart) break;
-      const colon = buf.indexOf(0x3a, lineStart);
-      if (colon < 0 || colon > lineEnd || colon === lineStart) {
+    const fields = this.fields;
+    fields.reset(buf);
+    let line = eol + 2;
+    let headEnd: number;
+    for (;;) {
+      if (line + 1 >= end) return HEAD_INCOMPLETE;
+      const first = buf[line]!;
+      if (first === 0x0d) {
+        if (buf[line + 1] !== 0x0a) {
+          this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad header line'));
+          return HEAD_DONE;
+        }
+        headEnd = line + 2;
+        break;
+      }
+      let colon = -1;
+      let j = line;
+      for (; j < end; j++) {
+        const c = buf[j]!;
+        if (c === 0x0d || c === 0x0a) break;
+        if (c === 0x3a && colon < 0) colon = j;
+      }
+      if (j + 1 >= end) return HEAD_INCOMPLETE;
+      if (buf[j] !== 0x0d || buf[j + 1] !== 0x0a || colon <= line || first === 0x20 || first === 0x09) {
         this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad header line'));
-        return false;
+        return HEAD_DONE;
       }
       let vs = colon + 1;
-      let ve = lineEnd;
+      let ve = j;
       while (vs < ve && (buf[vs] === 0x20 || buf[vs] === 0x09)) vs++;
       while (ve > vs && (buf[ve - 1] === 0x20 || buf[ve - 1] === 0x09)) ve--;
       // Framing and hop-by-hop headers describe this connection, which the client consumed:
       // they are acted on here and not reported.
       let relay = true;
-      switch (colon - lineStart) {
+      switch (colon - line) {
         case 14:
-          if (nameIs(buf, lineStart, colon, 'content-length')) {
+          if (nameIs(buf, line, colon, 'content-length')) {
             // A HEAD response's length describes the body it did not send: the caller needs it.
             relay = !p.expectBody;
             const n = parseDecimal(buf, vs, ve);
             if (n < 0 || (contentLength >= 0 && contentLength !== n)) {
               this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad content-length'));
-              return false;
+              return HEAD_DONE;
             }
             contentLength = n;
           }
           break;
         case 17:
-          if (nameIs(buf, lineStart, colon, 'transfer-encoding')) {
+          if (nameIs(buf, line, colon, 'transfer-encoding')) {
             relay = false;
             const value = buf.toString('latin1', vs, ve).toLowerCase();
             codings = codings === null ? value : `${codings},${value}`;
           }
           break;
         case 10:
-          if (nameIs(buf, lineStart, colon, 'connection')) {
+          if (nameIs(buf, line, colon, 'connection')) {
             relay = false;
             if (nameIs(buf, vs, ve, 'keep-alive')) keepAlive = true;
             else if (nameIs(buf, vs, ve, 'close') || hasToken(buf, vs, ve, 'close')) keepAlive = false;
             else if (hasToken(buf, vs, ve, 'keep-alive')) keepAlive = true;
-          } else if (nameIs(buf, lineStart, colon, 'keep-alive')) {
+          } else if (nameIs(buf, line, colon, 'keep-alive')) {
             relay = false;
             // Servers repeat the hint on every response; it is read once per connection.
             if (!this.hinted) {
@@ -477,33 +508,33 @@ class H1Connection {
           }
           break;
         case 7:
-          relay = !(nameIs(buf, lineStart, colon, 'trailer') || nameIs(buf, lineStart, colon, 'upgrade'));
+          relay = !(nameIs(buf, line, colon, 'trailer') || nameIs(buf, line, colon, 'upgrade'));
           break;
         case 2:
-          relay = !nameIs(buf, lineStart, colon, 'te');
+          relay = !nameIs(buf, line, colon, 'te');
           break;
         case 16:
-          relay = !nameIs(buf, lineStart, colon, 'proxy-connection');
+          relay = !nameIs(buf, line, colon, 'proxy-connection');
           break;
       }
-      if (relay) headers.push(buf.subarray(lineStart, colon), buf.subarray(vs, ve));
-      lineStart = lineEnd + 2;
+      if (relay) fields.push(line, colon, vs, ve);
+      line = j + 2;
     }
     if (status < 200 && status !== 101) {
       // Interim response (100 Continue, 103 Early Hints): the real head follows.
-      return true;
+      return headEnd;
     }
     if (status === 101) {
       this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'unexpected protocol switch'));
-      return false;
+      return HEAD_DONE;
     }
+    const more = headEnd < end;
     this.status = status;
-    this.headers = headers;
     this.reusable = keepAlive;
     if (!p.expectBody || status === 204 || status === 304) {
       if (more) this.reusable = false;
       this.complete(p);
-      return false;
+      return HEAD_DONE;
     }
     if (codings !== null) {
       // RFC 9112 6.3: transfer-encoding overrides content-length; chunked must be the final
@@ -518,12 +549,12 @@ class H1Connection {
     } else if (contentLength >= 0) {
       if (contentLength > this.pool.maxResponseBytes) {
         this.destroy(new H1Error(H1Codes.TOO_LARGE, 'response larger than the limit'));
-        return false;
+        return HEAD_DONE;
       }
       if (contentLength === 0) {
         if (more) this.reusable = false;
         this.complete(p);
-        return false;
+        return HEAD_DONE;
       }
       this.phase = Phase.Length;
       this.remaining = contentLength;
@@ -532,7 +563,7 @@ class H1Connection {
       this.closeDelimited = true;
       this.reusable = false;
     }
-    return true;
+    return headEnd;
   }
 
   private addBody(part: Buffer): void {
@@ -545,9 +576,9 @@ class H1Connection {
     const parts = this.bodyParts;
     const body = parts.length === 0 ? EMPTY : parts.length === 1 ? parts[0]! : Buffer.concat(parts, this.bodyBytes);
     const status = this.status;
-    const headers = this.headers;
     this.pending = null;
-    this.bodyParts = [];
+    // The body took what it needs from the array (a part, or a copy): reuse the array.
+    parts.length = 0;
     p.done = true;
     if (!this.closed && this.reusable) this.pool.release(this);
     else if (!this.closed) {
@@ -555,7 +586,9 @@ class H1Connection {
       this.pool.forget(this);
       this.socket.destroy();
     }
-    p.handler.onResponse(status, headers, body);
+    // Release first (a queued request may take the connection now); writing a request leaves
+    // `fields` alone, so they still describe this response.
+    p.handler.onResponse(status, this.fields, body);
   }
 }
 

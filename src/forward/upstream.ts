@@ -18,7 +18,7 @@
 import { Pool } from 'undici';
 import type { Dispatcher } from 'undici';
 import { isGatewayFailure, type AttemptHandle, type Exchange } from './exchange.js';
-import { H1Codes, H1Error, headBlock, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
+import { H1Codes, H1Error, HeaderFields, headBlock, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
 
 export type UpstreamClientKind = 'h1' | 'undici';
 
@@ -33,6 +33,8 @@ export class UpstreamRequest implements H1Request {
     /** End-to-end request headers, [name, value, ...], hop-by-hop ones already removed. */
     readonly headers: string[],
     public body: Buffer | null,
+    /** Method, path and headers are all ASCII (see H1Request.ascii). */
+    readonly ascii = false,
   ) {}
 
   get headBlock(): string {
@@ -135,14 +137,14 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
     this.transport.observer.attemptEnded(this.node, true, -1, CANCELLED, this.exchange.op);
   }
 
-  onResponse(status: number, headers: Buffer[], body: Buffer): void {
+  onResponse(status: number, fields: HeaderFields, body: Buffer): void {
     if (this.ended) return;
     this.end();
     const ms = performance.now() - this.startedAt;
     const ok = !isGatewayFailure(status);
     // A cancelled attempt that finished in its grace is still a true sample of the node.
     this.transport.observer.attemptEnded(this.node, ok, ms, ok ? null : status, this.exchange.op);
-    if (!this.cancelled) this.exchange.answered(this.ordinal, status, headers, body, ms);
+    if (!this.cancelled) this.exchange.answered(this.ordinal, status, fields, body, ms);
   }
 
   onError(error: H1Error | NodeJS.ErrnoException): void {
@@ -251,7 +253,7 @@ class DispatchAttempt extends CancellableAttempt {
     const body = this.chunks !== null ? Buffer.concat(this.chunks) : this.single ?? EMPTY;
     const ok = !isGatewayFailure(this.status);
     this.transport.observer.attemptEnded(this.node, ok, ms, ok ? null : this.status, this.exchange.op);
-    if (!this.cancelled) this.exchange.answered(this.ordinal, this.status, this.rawHeaders, body, ms);
+    if (!this.cancelled) this.exchange.answered(this.ordinal, this.status, HeaderFields.fromRaw(this.rawHeaders), body, ms);
   }
 
   onError(err: Error): void {

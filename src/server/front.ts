@@ -12,12 +12,12 @@ import {
   DROPPED_REQUEST_HEADERS,
   HEDGED_HEADER,
   IDEMPOTENT_HEADER,
-  SERVED_BY_HEADER,
   isIdempotentPath,
   isSafeMethod,
 } from '../contract.js';
 import { ErrorCodes } from '../errors.js';
 import { Exchange } from '../forward/exchange.js';
+import type { HeaderFields } from '../forward/fields.js';
 import { H1Agent, sweepPeriodMs } from '../forward/h1.js';
 import { UpstreamRequest } from '../forward/upstream.js';
 import { TableReader, type NodeRow } from '../membership/table.js';
@@ -27,10 +27,10 @@ import type { Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
 import { OP_READ, OP_WRITE, type RouteSpec, type WorkerInit } from './protocol.js';
+import { statusBytes, writeRelayedHeaders } from './relay.js';
 import { loadUws, type Uws } from './uws.js';
 
 const MAX_KEY_LENGTH = 1024;
-const UNSAFE_VALUE = /[\r\n\0]/;
 
 const STATUS_LINES: string[] = [];
 for (const [code, text] of Object.entries(STATUS_CODES)) STATUS_LINES[Number(code)] = `${code} ${text}`;
@@ -49,45 +49,6 @@ function replyJson(res: HttpResponse, status: number, body: string, close = fals
 
 function errorBody(message: string, code: string, extra?: Record<string, unknown>): string {
   return JSON.stringify({ error: message, code, ...extra });
-}
-
-/** Case-insensitive compare of a raw header name against a lower-case ASCII name. */
-function nameIs(name: Buffer, lower: string): boolean {
-  if (name.length !== lower.length) return false;
-  for (let i = 0; i < name.length; i++) {
-    const c = name[i]!;
-    if ((c >= 65 && c <= 90 ? c | 0x20 : c) !== lower.charCodeAt(i)) return false;
-  }
-  return true;
-}
-
-/**
- * Response headers the front door does not relay: hop-by-hop ones, and those uWS writes itself
- * (`date`, `content-length`), which would otherwise be duplicated.
- */
-function isDroppedResponseHeader(name: Buffer): boolean {
-  switch (name.length) {
-    case 2:
-      return nameIs(name, 'te');
-    case 4:
-      return nameIs(name, 'date');
-    case 7:
-      return nameIs(name, 'upgrade') || nameIs(name, 'trailer');
-    case 10:
-      return nameIs(name, 'connection') || nameIs(name, 'keep-alive');
-    case 14:
-      return nameIs(name, 'content-length');
-    case 16:
-      return nameIs(name, 'proxy-connection');
-    case 17:
-      return nameIs(name, 'transfer-encoding');
-    case 18:
-      return nameIs(name, 'x-lakefront-hedged');
-    case 21:
-      return nameIs(name, 'x-lakefront-served-by');
-    default:
-      return false;
-  }
 }
 
 interface BoundRoute {
@@ -115,12 +76,14 @@ class ProxyRequest implements ProxiedRequest {
     private readonly method: string,
     path: string,
     headers: string[],
+    /** Method, path and headers are all ASCII: the upstream head may be encoded as latin1. */
+    ascii: boolean,
     private readonly retryable: boolean,
     private readonly op: number,
     /** Declared content-length, or -1 when the body is chunked. */
     private readonly expected: number,
   ) {
-    this.upstream = new UpstreamRequest(method, path, headers, null);
+    this.upstream = new UpstreamRequest(method, path, headers, null, ascii);
   }
 
   onAborted(): void {
@@ -175,38 +138,37 @@ class ProxyRequest implements ProxiedRequest {
   settled(exchange: Exchange, runtime: ClusterRuntime): void {
     if (this.aborted || this.answered) return;
     this.answered = true;
+    corked = this;
+    this.res.cork(writeCorked);
+    corked = null;
+    this.finish();
+  }
+
+  /** @internal inside `res.cork`: the answer (or the failure) in one corked write. */
+  writeAnswer(): void {
+    const exchange = this.exchange!;
+    const runtime = this.route.runtime;
     const res = this.res;
     const close = this.front.draining;
     const failure = exchange.failure;
-    res.cork(() => {
-      if (failure !== null) {
-        const attempted: string[] = [];
-        for (let i = 0; i < exchange.launched; i++) attempted.push(runtime.ids[exchange.candidates[i]!]!);
-        res
-          .writeStatus(statusLine(failure.status))
-          .writeHeader('content-type', JSON_TYPE)
-          .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0')
-          .end(errorBody(failure.message, failure.code, { attempted }), close);
-        return;
-      }
-      res.writeStatus(statusLine(exchange.status));
-      const raw = exchange.headers as Buffer[] | null;
-      let declaredLength = 0;
-      if (raw !== null) {
-        for (let i = 0; i + 1 < raw.length; i += 2) {
-          const name = raw[i]!;
-          if (!isDroppedResponseHeader(name)) res.writeHeader(name, raw[i + 1]!);
-          else if (this.method === 'HEAD' && nameIs(name, 'content-length')) declaredLength = Number(raw[i + 1]!.toString('latin1')) || 0;
-        }
-      }
-      res.writeHeader(SERVED_BY_HEADER, runtime.ids[exchange.servedBy]!);
-      res.writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0');
-      // uWS writes its own content-length; for HEAD it must be the node's (left out, uWS would
-      // write a bogus huge one and treat the response as unfinished).
-      if (this.method === 'HEAD') res.endWithoutBody(declaredLength, close);
-      else res.end(exchange.body!, close);
-    });
-    this.finish();
+    if (failure !== null) {
+      const attempted: string[] = [];
+      for (let i = 0; i < exchange.launched; i++) attempted.push(runtime.ids[exchange.candidates[i]!]!);
+      res
+        .writeStatus(statusLine(failure.status))
+        .writeHeader('content-type', JSON_TYPE)
+        .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0')
+        .end(errorBody(failure.message, failure.code, { attempted }), close);
+      return;
+    }
+    res.writeStatus(statusBytes(exchange.status));
+    const isHead = this.method === 'HEAD';
+    const tail = runtime.answerTails[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
+    const declaredLength = writeRelayedHeaders(res, exchange.headers as HeaderFields | null, tail, isHead);
+    // uWS writes its own content-length; for HEAD it must be the node's (left out, uWS would
+    // write a bogus huge one and treat the response as unfinished).
+    if (isHead) res.endWithoutBody(declaredLength, close);
+    else res.end(exchange.body!, close);
   }
 
   private reject(status: number, body: string, close: boolean): void {
@@ -223,6 +185,12 @@ class ProxyRequest implements ProxiedRequest {
     this.finished = true;
     this.front.requestFinished();
   }
+}
+
+/** The request whose answer `writeCorked` writes: saves a closure per answer. */
+let corked: ProxyRequest | null = null;
+function writeCorked(): void {
+  corked!.writeAnswer();
 }
 
 export interface FrontHooks {
@@ -430,10 +398,19 @@ export class WorkerFront {
 
   private proxy(route: BoundRoute, res: HttpResponse, req: HttpRequest): void {
     this.refresh();
+    const method = req.getCaseSensitiveMethod();
+    const url = req.getUrl();
+    const query = req.getQuery();
+    const path = query ? `${url}?${query}` : url;
     const keyHeader = route.spec.keyHeader;
+    // One pass over the headers picks out everything the front door reads (no getHeader call
+    // per name) and collects what is forwarded.
+    scan.begin(keyHeader ?? '');
+    req.forEach(scanHeader);
+    const headers = scan.headers;
     let key = '';
     if (keyHeader !== null) {
-      key = req.getHeader(keyHeader);
+      key = scan.key;
       if (key === '') {
         this.slot.bump(C_REJECTED);
         replyJson(res, 401, errorBody(`missing ${keyHeader} header`, ErrorCodes.MISSING_BOARD), this.draining);
@@ -445,19 +422,7 @@ export class WorkerFront {
         return;
       }
     }
-    const method = req.getCaseSensitiveMethod();
-    const url = req.getUrl();
-    const query = req.getQuery();
-    const path = query ? `${url}?${query}` : url;
-    const headers: string[] = [];
-    let unsafe = false;
-    req.forEach((name, value) => {
-      if (DROPPED_REQUEST_HEADERS.has(name)) return;
-      // A CR, LF or NUL in a value would let a client write its own header lines upstream.
-      if (UNSAFE_VALUE.test(value)) unsafe = true;
-      headers.push(name, value);
-    });
-    if (unsafe) {
+    if (scan.unsafe) {
       this.slot.bump(C_REJECTED);
       replyJson(res, 400, errorBody('header value contains CR, LF or NUL', ErrorCodes.BAD_REQUEST), true);
       return;
@@ -468,13 +433,12 @@ export class WorkerFront {
       op = route.classifier.classify(url);
       retryable = op === OP_READ;
     } else {
-      retryable = isSafeMethod(method) || isIdempotentPath(url) || req.getHeader(IDEMPOTENT_HEADER) === '1';
+      retryable = isSafeMethod(method) || isIdempotentPath(url) || scan.idempotent;
       op = retryable ? OP_READ : OP_WRITE;
     }
-    const contentLength = req.getHeader('content-length');
-    const chunked = req.getHeader('transfer-encoding') !== '';
+    const contentLength = scan.contentLength;
     let expected = -1;
-    if (!chunked) {
+    if (!scan.chunked) {
       expected = contentLength === '' ? 0 : Number(contentLength);
       if (!Number.isSafeInteger(expected) || expected < 0) {
         this.slot.bump(C_REJECTED);
@@ -488,10 +452,87 @@ export class WorkerFront {
       }
     }
     this.slot.bump(C_REQUESTS);
-    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected);
+    const ascii = scan.ascii && isAscii(path);
+    const request = new ProxyRequest(this, res, route, key, method, path, headers, ascii, retryable, op, expected);
     this.active++;
     res.onAborted(() => request.onAborted());
     if (expected === 0) request.start();
     else res.onData((chunk, isLast) => request.onChunk(chunk, isLast));
   }
+}
+
+/** Whether every character is ASCII (then latin1 encodes it as UTF-8 would, and faster). */
+function isAscii(text: string): boolean {
+  for (let i = 0; i < text.length; i++) if (text.charCodeAt(i) > 0x7f) return false;
+  return true;
+}
+
+/**
+ * What one pass over a request's headers found. Module state, filled by `scanHeader` during
+ * `req.forEach` (one function for every request, not a closure each).
+ */
+const scan = {
+  keyHeader: '',
+  headers: [] as string[],
+  key: '',
+  contentLength: '',
+  chunked: false,
+  idempotent: false,
+  unsafe: false,
+  ascii: true,
+  begin(keyHeader: string): void {
+    this.keyHeader = keyHeader;
+    this.headers = [];
+    this.key = '';
+    this.contentLength = '';
+    this.chunked = false;
+    this.idempotent = false;
+    this.unsafe = false;
+    this.ascii = true;
+  },
+};
+
+/** uWS hands names in lower case. Hop-by-hop ones (see DROPPED_REQUEST_HEADERS) are not forwarded. */
+function scanHeader(name: string, value: string): void {
+  switch (name.length) {
+    case 2: // te
+    case 6: // expect
+    case 7: // trailer, upgrade
+    case 10: // connection, keep-alive
+    case 16: // proxy-connection
+    case 18: // proxy-authenticate
+    case 19: // proxy-authorization
+      if (DROPPED_REQUEST_HEADERS.has(name)) return;
+      break;
+    case 4:
+      if (name === 'host') return;
+      break;
+    case 14:
+      if (name === 'content-length') {
+        scan.contentLength = value;
+        return;
+      }
+      break;
+    case 17:
+      if (name === 'transfer-encoding') {
+        scan.chunked = value !== '';
+        return;
+      }
+      break;
+    case 22:
+      if (name === IDEMPOTENT_HEADER && value === '1') scan.idempotent = true;
+      break;
+  }
+  if (name === scan.keyHeader) scan.key = value;
+  // A CR, LF or NUL in a value would let a client write its own header lines upstream.
+  for (let i = 0; i < value.length; i++) {
+    const c = value.charCodeAt(i);
+    if (c < 0x20) {
+      if (c === 0x0d || c === 0x0a || c === 0) scan.unsafe = true;
+    } else if (c > 0x7f) scan.ascii = false;
+  }
+  if (scan.ascii) {
+    for (let i = 0; i < name.length; i++) if (name.charCodeAt(i) > 0x7f) scan.ascii = false;
+  }
+  scan.headers.push(name, value);
 }

@@ -1,0 +1,104 @@
+/**
+ * Response header fields as offsets into one buffer.
+ *
+ * The h1 client parses a response head in place and reports its fields as offsets into the bytes
+ * it read, rather than as a Buffer per name and value: no allocation per field, and the front
+ * door copies the fields it relays straight into its response. Views are valid only during the
+ * callback that hands them over (the bytes may be a per-thread read buffer).
+ */
+
+const EMPTY = Buffer.alloc(0);
+
+/** Case-insensitive compare of raw bytes `buf[start, end)` against a lower-case ASCII name. */
+export function nameIs(buf: Uint8Array, start: number, end: number, lower: string): boolean {
+  if (end - start !== lower.length) return false;
+  for (let i = 0; i < lower.length; i++) {
+    const c = buf[start + i]!;
+    if ((c >= 65 && c <= 90 ? c | 0x20 : c) !== lower.charCodeAt(i)) return false;
+  }
+  return true;
+}
+
+export class HeaderFields {
+  /** The bytes the offsets index. */
+  buf: Buffer = EMPTY;
+  /** Per field, four entries: name start, name end, value start, value end (value trimmed). */
+  offsets = new Int32Array(64);
+  count = 0;
+
+  /** Forget every field; offsets will index `buf`. */
+  reset(buf: Buffer): void {
+    this.buf = buf;
+    this.count = 0;
+  }
+
+  push(nameStart: number, nameEnd: number, valueStart: number, valueEnd: number): void {
+    let o = this.offsets;
+    const at = this.count * 4;
+    if (at + 4 > o.length) {
+      const grown = new Int32Array(o.length * 2);
+      grown.set(o);
+      this.offsets = o = grown;
+    }
+    o[at] = nameStart;
+    o[at + 1] = nameEnd;
+    o[at + 2] = valueStart;
+    o[at + 3] = valueEnd;
+    this.count++;
+  }
+
+  /**
+   * Copies the bytes the fields use out of `buf` (a shared read buffer about to be reused) into
+   * a buffer of their own, and rebases the offsets.
+   */
+  own(): void {
+    if (this.count === 0) {
+      this.buf = EMPTY;
+      return;
+    }
+    const o = this.offsets;
+    const n = this.count * 4;
+    let low = o[0]!;
+    let high = o[3]!;
+    for (let i = 0; i < n; i += 4) {
+      if (o[i]! < low) low = o[i]!;
+      if (o[i + 3]! > high) high = o[i + 3]!;
+    }
+    this.buf = Buffer.from(this.buf.subarray(low, high));
+    for (let i = 0; i < n; i++) o[i] = o[i]! - low;
+  }
+
+  nameIs(field: number, lower: string): boolean {
+    return nameIs(this.buf, this.offsets[field * 4]!, this.offsets[field * 4 + 1]!, lower);
+  }
+
+  /** Every field as [name, value] strings (latin1 keeps the bytes), for tests and diagnostics. */
+  pairs(encoding: BufferEncoding = 'latin1'): [string, string][] {
+    const o = this.offsets;
+    const out: [string, string][] = [];
+    for (let i = 0; i < this.count * 4; i += 4) {
+      out.push([this.buf.toString(encoding, o[i]!, o[i + 1]!), this.buf.toString(encoding, o[i + 2]!, o[i + 3]!)]);
+    }
+    return out;
+  }
+
+  /** From [name, value, ...] buffers (undici's raw headers): one copy into a buffer of its own. */
+  static fromRaw(raw: readonly Buffer[] | null): HeaderFields {
+    const fields = new HeaderFields();
+    if (raw === null || raw.length < 2) return fields;
+    let size = 0;
+    for (const part of raw) size += part.length;
+    const buf = Buffer.allocUnsafe(size);
+    fields.reset(buf);
+    let at = 0;
+    for (let i = 0; i + 1 < raw.length; i += 2) {
+      const name = raw[i]!;
+      const value = raw[i + 1]!;
+      name.copy(buf, at);
+      value.copy(buf, at + name.length);
+      fields.push(at, at + name.length, at + name.length, at + name.length + value.length);
+      at += name.length + value.length;
+    }
+    return fields;
+  }
+}
