@@ -4,6 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
+import { connect } from 'node:net';
 import { Client } from 'undici';
 import { after, afterEach, before, describe, it } from 'node:test';
 import { route, type RouterServer } from '../src/router/index.js';
@@ -115,6 +116,31 @@ describe('front door: HTTP surface', () => {
     assert.equal(headers['x-custom'], 'yes');
     assert.equal(headers['proxy-authorization'], undefined);
     assert.equal(headers.te, undefined);
+  });
+
+  it('never forwards a CR, LF, NUL or other control byte in a header value', async () => {
+    // The front door relies on uWS's parser here (it checks nothing per character itself): a
+    // value with a bare CR or LF, a NUL or another control byte never reaches a handler.
+    const raw = (head: Buffer): Promise<string> =>
+      new Promise((resolve) => {
+        const socket = connect(Number(new URL(server.url).port), '127.0.0.1', () => socket.write(head));
+        let text = '';
+        socket.on('data', (d) => (text += d.toString('latin1')));
+        socket.on('close', () => resolve(text));
+        socket.on('error', () => undefined);
+      });
+    const request = (value: Buffer, path = '/rpc/query.execute'): Buffer =>
+      Buffer.concat([Buffer.from(`GET ${path} HTTP/1.1\r\nhost: x\r\nx-lakefront-board: inj\r\nx-evil: `), value, Buffer.from('\r\nconnection: close\r\n\r\n')]);
+    for (const value of [Buffer.from('a\nx-injected: 1'), Buffer.from('a\rx-injected: 1'), Buffer.from('a\0b'), Buffer.from('a\x01b')]) {
+      const answer = await raw(request(value));
+      assert.doesNotMatch(answer, /^HTTP\/1\.1 200/, JSON.stringify(value.toString('latin1')));
+    }
+    assert.equal(nodes.reduce((n, node) => n + node.received.length, 0), 0, 'no node saw any of them');
+    const answer = await raw(request(Buffer.from('fine\tand ~ printable')));
+    assert.match(answer, /^HTTP\/1\.1 200/);
+    const got = nodes.flatMap((node) => node.received);
+    assert.equal(got.length, 1);
+    assert.equal(got[0]!.headers['x-evil'], 'fine\tand ~ printable');
   });
 
   it('keeps a query string and relays GET as a safe read', async () => {

@@ -50,6 +50,26 @@ describe('SampleWindow.triggerMs (the hedge trigger)', () => {
     assert.equal(s.triggerMs(95, 250), 40);
   });
 
+  it('stays exact while samples arrive between queries (checked against a sort)', () => {
+    const s = new SampleWindow();
+    const all: number[] = [];
+    let seed = 7;
+    const random = (): number => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    for (let i = 0; i < 2_000; i++) {
+      // Repeats and ties included: values on a coarse grid.
+      const ms = Math.round(random() * 50) / 10;
+      s.record(ms);
+      all.push(ms);
+      if (i % 3 === 0 || i > 1_900) {
+        const held = all.slice(-128).sort((a, b) => a - b);
+        for (const p of [50, 95, 99, 100]) {
+          const want = held.length < 8 ? 250 : held[Math.max(1, Math.ceil((p / 100) * held.length)) - 1];
+          assert.equal(s.triggerMs(p, 250), want, `sample ${i}, p${p}`);
+        }
+      }
+    }
+  });
+
   it('ignores negative and NaN samples', () => {
     const s = new SampleWindow();
     s.record(-1);

@@ -179,7 +179,9 @@ describe('RendezvousRanker (the hot-path form)', () => {
     const ranker = new RendezvousRanker(nodes.map((n) => n.id), nodes.map((n) => n.weight));
     const out = new Int32Array(nodes.length);
     assert.equal(ranker.eligible, 4);
-    for (const b of boards(3_000)) {
+    // ASCII, multi-byte, and longer than the ASCII fast path's 1,024 characters.
+    const extra = ['ボード-7', 'ü', `${'x'.repeat(1_024)}`, `${'y'.repeat(1_025)}`, `${'é'.repeat(2_000)}`, 'b', ''];
+    for (const b of [...boards(3_000), ...extra]) {
       const count = ranker.rankInto(b, out);
       assert.deepEqual(Array.from(out.subarray(0, count), (i) => nodes[i]!.id), rank(nodes, b).map((n) => n.id));
     }

@@ -7,7 +7,7 @@
  * maximum over nodes lands on each node with probability proportional to its weight. The ranking
  * is every node with weight > 0, best score first, ties broken by id (lexical, ascending).
  */
-import { nodeSeed, unitHash } from './xxh.js';
+import { boardBytes, nodeSeed, unitHash, unitHashBytes } from './xxh.js';
 
 /** Quantisation bands for capacity weights. */
 export const WEIGHT_LEVELS: readonly number[] = Object.freeze([0.25, 0.5, 1, 1.5, 2]);
@@ -69,7 +69,8 @@ export function rank(nodes: readonly NodeInfo[], boardId: string): NodeInfo[] {
 
 /**
  * The hot-path form of {@link rank}: built once per membership change over a fixed node list,
- * it ranks into caller-owned typed arrays and allocates nothing per call but the hash results.
+ * it ranks into caller-owned typed arrays, encodes the board once, and allocates nothing per
+ * call but the hash results.
  *
  * Indices refer to the order of the `ids` given to the constructor.
  */
@@ -106,11 +107,13 @@ export class RendezvousRanker {
    */
   rankInto(boardId: string, out: Int32Array): number {
     const { weights, seeds, scores, idOrder } = this;
+    // Encoded once, hashed once per node.
+    const board = boardBytes(boardId);
     let n = 0;
     for (let i = 0; i < this.size; i++) {
       const w = weights[i]!;
       if (!(w > 0)) continue;
-      const s = -w / Math.log(unitHash(seeds[i]!, boardId));
+      const s = -w / Math.log(unitHashBytes(seeds[i]!, board));
       scores[i] = s;
       // Insertion sort: node counts are small, and it keeps the ranking in place.
       let j = n++;

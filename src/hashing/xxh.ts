@@ -28,3 +28,44 @@ export function nodeSeed(nodeId: string): bigint {
 export function unitHash(seed: bigint, boardId: string): number {
   return (Number(api.h64(boardId, seed) >> 12n) + 0.5) / TWO_POW_52;
 }
+
+const encoder = new TextEncoder();
+/** Longest board encoded by the ASCII fast path; longer or non-ASCII boards use TextEncoder. */
+const FAST_CHARS = 1024;
+let scratch = new Uint8Array(FAST_CHARS * 3);
+/** views[n]: the first n bytes of `scratch`, made once per length. */
+let views: Uint8Array[] = [];
+
+/**
+ * The UTF-8 bytes of a board, for hashing it against several nodes after encoding it once. The
+ * view is valid until the next call (one per thread: module state is per thread).
+ */
+export function boardBytes(boardId: string): Uint8Array {
+  const length = boardId.length;
+  let n = -1;
+  if (length <= FAST_CHARS) {
+    n = length;
+    for (let i = 0; i < length; i++) {
+      const c = boardId.charCodeAt(i);
+      if (c > 0x7f) {
+        n = -1;
+        break;
+      }
+      scratch[i] = c;
+    }
+  }
+  if (n < 0) {
+    if (scratch.length < length * 3) {
+      scratch = new Uint8Array(length * 3);
+      views = [];
+    }
+    n = encoder.encodeInto(boardId, scratch).written;
+  }
+  if (n > FAST_CHARS * 3) return scratch.subarray(0, n);
+  return (views[n] ??= scratch.subarray(0, n));
+}
+
+/** {@link unitHash} over a board's bytes (from {@link boardBytes}): the same value. */
+export function unitHashBytes(seed: bigint, board: Uint8Array): number {
+  return (Number(api.h64Raw(board, seed) >> 12n) + 0.5) / TWO_POW_52;
+}

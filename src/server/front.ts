@@ -422,11 +422,6 @@ export class WorkerFront {
         return;
       }
     }
-    if (scan.unsafe) {
-      this.slot.bump(C_REJECTED);
-      replyJson(res, 400, errorBody('header value contains CR, LF or NUL', ErrorCodes.BAD_REQUEST), true);
-      return;
-    }
     let op: number;
     let retryable: boolean;
     if (route.classifier !== null) {
@@ -452,7 +447,8 @@ export class WorkerFront {
       }
     }
     this.slot.bump(C_REQUESTS);
-    const ascii = scan.ascii && isAscii(path);
+    // uWS hands header names and values in ASCII only (tested); the path may hold UTF-8.
+    const ascii = isAscii(path);
     const request = new ProxyRequest(this, res, route, key, method, path, headers, ascii, retryable, op, expected);
     this.active++;
     res.onAborted(() => request.onAborted());
@@ -478,8 +474,6 @@ const scan = {
   contentLength: '',
   chunked: false,
   idempotent: false,
-  unsafe: false,
-  ascii: true,
   begin(keyHeader: string): void {
     this.keyHeader = keyHeader;
     this.headers = [];
@@ -487,12 +481,14 @@ const scan = {
     this.contentLength = '';
     this.chunked = false;
     this.idempotent = false;
-    this.unsafe = false;
-    this.ascii = true;
   },
 };
 
-/** uWS hands names in lower case. Hop-by-hop ones (see DROPPED_REQUEST_HEADERS) are not forwarded. */
+/**
+ * uWS hands names in lower case, and rejects a request whose header values hold a CR, LF, NUL or
+ * other control byte before any handler runs (tested: a value cannot write its own header line
+ * upstream). Hop-by-hop headers (see DROPPED_REQUEST_HEADERS) are not forwarded.
+ */
 function scanHeader(name: string, value: string): void {
   switch (name.length) {
     case 2: // te
@@ -524,15 +520,5 @@ function scanHeader(name: string, value: string): void {
       break;
   }
   if (name === scan.keyHeader) scan.key = value;
-  // A CR, LF or NUL in a value would let a client write its own header lines upstream.
-  for (let i = 0; i < value.length; i++) {
-    const c = value.charCodeAt(i);
-    if (c < 0x20) {
-      if (c === 0x0d || c === 0x0a || c === 0) scan.unsafe = true;
-    } else if (c > 0x7f) scan.ascii = false;
-  }
-  if (scan.ascii) {
-    for (let i = 0; i < name.length; i++) if (name.charCodeAt(i) > 0x7f) scan.ascii = false;
-  }
   scan.headers.push(name, value);
 }
