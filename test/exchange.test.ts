@@ -28,6 +28,10 @@ class ScriptedDriver extends EventEmitter implements ExchangeDriver {
   allowHedge(): boolean {
     return this.budgetAllows;
   }
+  readonly outcomes: boolean[] = [];
+  hedgeOutcome(won: boolean): void {
+    this.outcomes.push(won);
+  }
   constructor(readonly delayMs = 5) {
     super();
   }
@@ -95,6 +99,7 @@ describe('Exchange', () => {
     assert.equal(ex.servedBy, 2);
     assert.equal(driver.started[0]!.aborted, true, 'the loser is aborted');
     assert.deepEqual(driver.tally, { hedges: 1, hedgeWins: 1, failovers: 0 });
+    assert.deepEqual(driver.outcomes, [true], 'the budget hears the hedge won');
     // A late report from the aborted loser changes nothing.
     ex.answered(0, 200, null, body, 50);
     assert.equal(ex.servedBy, 2);
@@ -110,6 +115,7 @@ describe('Exchange', () => {
     assert.equal(ex.servedBy, 0);
     assert.equal(driver.started[1]!.aborted, true);
     assert.deepEqual(driver.tally, { hedges: 1, hedgeWins: 0, failovers: 0 });
+    assert.deepEqual(driver.outcomes, [false], 'the budget hears the hedge lost');
   });
 
   it('does not hedge when the hedge budget is spent', (t) => {
@@ -214,6 +220,23 @@ describe('Exchange', () => {
     assert.equal(ex.hedged, true);
     ex.answered(2, 200, null, body, 1);
     assert.equal(ex.servedBy, 2);
+    assert.deepEqual(driver.outcomes, [true]);
+    assert.equal(driver.tally.hedgeWins, 1);
+  });
+
+  it('an answer from a failover attempt is no hedge win', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(10);
+    const ex = exchangeOver(driver, [0, 1, 2], true);
+    ex.begin();
+    t.mock.timers.tick(10);
+    assert.equal(ex.hedged, true, 'hedged to node 1');
+    ex.failed(1, new Error('reset'));
+    ex.failed(0, new Error('reset'));
+    assert.deepEqual(driver.started.map((s) => s.node), [0, 1, 2], 'failed over to node 2');
+    ex.answered(2, 200, null, body, 1);
+    assert.equal(driver.tally.hedgeWins, 0);
+    assert.deepEqual(driver.outcomes, [false], 'the hedge did not answer first');
   });
 
   it('cancel aborts every attempt and settles nothing', (t) => {
@@ -241,6 +264,29 @@ describe('HedgeBudget', () => {
       if (budget.spend()) allowed++;
     }
     assert.ok(allowed >= 99 && allowed <= 100, `${allowed} hedges in 1000 requests at 10%`);
+  });
+
+  it('shrinks to a tenth while hedges keep losing, and recovers as they win', () => {
+    const rate = (budget: HedgeBudget): number => {
+      let allowed = 0;
+      for (let i = 0; i < 10_000; i++) {
+        budget.deposit();
+        if (budget.spend()) allowed++;
+      }
+      return allowed / 10_000;
+    };
+    const budget = new HedgeBudget(5, 1);
+    budget.spend();
+    assert.ok(Math.abs(rate(budget) - 0.05) < 0.002, 'full budget while hedges have not lost');
+    for (let i = 0; i < 200; i++) budget.outcome(false);
+    assert.ok(Math.abs(rate(budget) - 0.005) < 0.001, `a tenth: ${rate(budget)}`);
+    for (let i = 0; i < 4; i++) budget.outcome(i % 2 === 0);
+    assert.ok(budget.scale > 0.2 && budget.scale < 0.5, `partly back after four hedges, two of which won: ${budget.scale}`);
+    for (let i = 0; i < 16; i++) budget.outcome(i % 2 === 0);
+    assert.equal(budget.scale, 1, 'whole again within 20 hedges winning half the time');
+    for (let i = 0; i < 200; i++) budget.outcome(i % 4 === 0);
+    assert.equal(budget.scale, 1, 'a quarter of hedges winning earns the whole budget');
+    assert.ok(Math.abs(rate(budget) - 0.05) < 0.002);
   });
 
   it('at 0% never hedges once the burst is spent', () => {

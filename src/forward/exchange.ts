@@ -41,6 +41,8 @@ export interface ExchangeDriver {
   startAttempt(exchange: Exchange, node: number, ordinal: number): AttemptHandle;
   /** Whether a hedge may fire now (the hedge budget); spends from it when it says yes. */
   allowHedge(): boolean;
+  /** A hedged exchange was answered: by the hedge (`won`) or by the attempt it raced. */
+  hedgeOutcome(won: boolean): void;
   /** Hedge trigger in milliseconds for `exchange`, whose current primary is `node`. */
   hedgeDelayMs(exchange: Exchange, node: number): number;
   /** Called exactly once when the exchange settles (answer or failure). */
@@ -91,6 +93,8 @@ export class Exchange {
   /** Candidates launched so far; `candidates[0 .. launched)` were attempted, in order. */
   launched = 0;
   hedged = false;
+  /** Ordinal of the hedge attempt, once fired. */
+  hedgeOrdinal = -1;
   done = false;
   /** Ordinal (position in candidates) of the attempt that answered, or -1. */
   winner = -1;
@@ -157,7 +161,11 @@ export class Exchange {
     this.headers = headers;
     this.body = body;
     this.latencyMs = latencyMs;
-    if (this.hedged && ordinal > 0) this.driver.counters.hedgeWin();
+    if (this.hedged) {
+      const won = ordinal === this.hedgeOrdinal;
+      if (won) this.driver.counters.hedgeWin();
+      this.driver.hedgeOutcome(won);
+    }
     this.driver.settle(this);
   }
 
@@ -225,6 +233,7 @@ export class Exchange {
       return;
     }
     this.hedged = true;
+    this.hedgeOrdinal = this.launched;
     this.driver.counters.hedge();
     this.launch();
   }

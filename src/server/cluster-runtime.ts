@@ -16,7 +16,7 @@ import { RendezvousPolicy } from '../policies/rendezvous.js';
 import { RoundRobinPolicy } from '../policies/round-robin.js';
 import type { ClusterView, Policy } from '../policies/types.js';
 import { isUnsent } from '../forward/exchange.js';
-import { answerTails } from './relay.js';
+import { answerLines } from './relay.js';
 import { OP_WRITE, type ClusterSpec, type DataPlaneSettings, type NodeSpec, type PolicyName, type PolicySettings } from './protocol.js';
 
 /** What an exchange's context must offer the runtime. */
@@ -48,8 +48,8 @@ const REFUSED_REPORT_GAP_MS = 500;
 export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   readonly name: string;
   readonly ids: readonly string[];
-  /** Served-by and hedged lines per node, pre-encoded: see `answerTails`. */
-  readonly answerTails: Buffer[];
+  /** Served-by and hedged lines per node, pre-encoded: see relay.ts `answerLines`. */
+  readonly answerLines: Buffer[];
   /** Global node index (membership-table row) per cluster-local index. */
   readonly globalIndex: Int32Array;
   readonly windows: SampleWindow[];
@@ -74,7 +74,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   ) {
     this.name = spec.name;
     this.ids = spec.nodes.map((g) => nodes[g]!.id);
-    this.answerTails = answerTails(this.ids);
+    this.answerLines = answerLines(this.ids);
     this.globalIndex = Int32Array.from(spec.nodes);
     const transportOptions = {
       connections: settings.upstreamConnections,
@@ -135,6 +135,10 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
 
   allowHedge(): boolean {
     return this.hedgeBudget.spend();
+  }
+
+  hedgeOutcome(won: boolean): void {
+    this.hedgeBudget.outcome(won);
   }
 
   hedgeDelayMs(_exchange: Exchange, node: number): number {

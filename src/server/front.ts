@@ -163,8 +163,8 @@ class ProxyRequest implements ProxiedRequest {
     }
     res.writeStatus(statusBytes(exchange.status));
     const isHead = this.method === 'HEAD';
-    const tail = runtime.answerTails[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
-    const declaredLength = writeRelayedHeaders(res, exchange.headers as HeaderFields | null, tail, isHead);
+    const own = runtime.answerLines[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
+    const declaredLength = writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead);
     // uWS writes its own content-length; for HEAD it must be the node's (left out, uWS would
     // write a bogus huge one and treat the response as unfinished).
     if (isHead) res.endWithoutBody(declaredLength, close);

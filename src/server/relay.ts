@@ -3,11 +3,12 @@
  * takes: the status line from a table of pre-encoded lines, and every relayed header line in one
  * `writeHeader` call.
  *
- * uWS writes `writeHeader(key, value)` as `key: value\r\n`, byte for byte. So the relayed lines
- * are laid out in one scratch buffer as `name: value\r\n...` and handed over as key = the first
- * name, value = everything after its `: ` up to the last CRLF. The bytes are the node's own
- * (the h1 client rejects a bare CR or LF in a head, llhttp does for undici), minus the headers the
- * front door does not relay, plus the front door's own lines (served-by, hedged).
+ * uWS writes `writeHeader(key, value)` as `key: value\r\n`, byte for byte. So the front door's
+ * own lines come first, as key = `x-lakefront-served-by` and a value laid out in one scratch
+ * buffer: the node's id, CRLF, the hedged line, then every relayed `name: value\r\n` line, up to
+ * (not including) the last CRLF. The relayed bytes are the node's own (the h1 client rejects a
+ * bare CR or LF in a head, llhttp does for undici), minus the headers the front door does not
+ * relay. One call, one view allocated.
  */
 import { STATUS_CODES } from 'node:http';
 import type { HttpResponse } from 'uWebSockets.js';
@@ -52,36 +53,38 @@ export function isDroppedResponseHeader(buf: Uint8Array, start: number, end: num
   }
 }
 
+const SERVED_BY_KEY = Buffer.from(SERVED_BY_HEADER, 'latin1');
+
 /**
- * The front door's own lines for an answer served by a node: index `2 * node + (hedged ? 1 : 0)`.
- * Built once per cluster.
+ * The front door's own lines for an answer served by a node, as they follow the served-by key:
+ * `id\r\nx-lakefront-hedged: 0|1\r\n`. Index `2 * node + (hedged ? 1 : 0)`; built once per cluster.
  */
-export function answerTails(ids: readonly string[]): Buffer[] {
-  const tails: Buffer[] = [];
+export function answerLines(ids: readonly string[]): Buffer[] {
+  const lines: Buffer[] = [];
   for (const id of ids) {
-    for (const hedged of ['0', '1']) tails.push(Buffer.from(`${SERVED_BY_HEADER}: ${id}\r\n${HEDGED_HEADER}: ${hedged}\r\n`, 'utf8'));
+    for (const hedged of ['0', '1']) lines.push(Buffer.from(`${id}\r\n${HEDGED_HEADER}: ${hedged}\r\n`, 'utf8'));
   }
-  return tails;
+  return lines;
 }
 
 /** Per-thread scratch for the header block; grown when a head needs more. */
 let scratch = Buffer.allocUnsafe(16 * 1024);
 
 /**
- * Writes the relayed fields and `tail` (whole `name: value\r\n` lines) as header lines of `res`,
- * in one call. For a HEAD answer (`head`), returns the node's content-length (uWS must be told
- * it; it is not relayed as a line), else 0.
+ * Writes the front door's `own` lines (from {@link answerLines}) and the relayed fields as header
+ * lines of `res`, in one call. For a HEAD answer (`head`), returns the node's content-length (uWS
+ * must be told it; it is not relayed as a line), else 0.
  */
-export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | null, tail: Buffer, head: boolean): number {
-  let need = tail.length;
+export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | null, own: Buffer, head: boolean): number {
+  let need = own.length;
   const count = fields === null ? 0 : fields.count;
   const o = fields === null ? null : fields.offsets;
-  const src = fields === null ? tail : fields.buf;
+  const src = fields === null ? own : fields.buf;
   for (let i = 0; i < count * 4; i += 4) need += o![i + 1]! - o![i]! + o![i + 3]! - o![i + 2]! + 4;
   if (need > scratch.length) scratch = Buffer.allocUnsafe(need * 2);
   const out = scratch;
   let at = 0;
-  let keyEnd = -1;
+  for (let k = 0; k < own.length; k++) out[at++] = own[k]!;
   let declaredLength = 0;
   for (let i = 0; i < count * 4; i += 4) {
     const ns = o![i]!;
@@ -91,7 +94,6 @@ export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | nu
       continue;
     }
     for (let k = ns; k < ne; k++) out[at++] = src[k]!;
-    if (keyEnd < 0) keyEnd = at;
     out[at++] = 0x3a;
     out[at++] = 0x20;
     const ve = o![i + 3]!;
@@ -99,10 +101,7 @@ export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | nu
     out[at++] = 0x0d;
     out[at++] = 0x0a;
   }
-  // No relayed line: the tail's first name (served-by) is the key.
-  if (keyEnd < 0) keyEnd = at + SERVED_BY_HEADER.length;
-  for (let k = 0; k < tail.length; k++) out[at++] = tail[k]!;
-  res.writeHeader(out.subarray(0, keyEnd), out.subarray(keyEnd + 2, at - 2));
+  res.writeHeader(SERVED_BY_KEY, out.subarray(0, at - 2));
   return declaredLength;
 }
 
