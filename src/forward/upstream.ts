@@ -33,8 +33,6 @@ export class UpstreamRequest implements H1Request {
     /** End-to-end request headers, [name, value, ...], hop-by-hop ones already removed. */
     readonly headers: string[],
     public body: Buffer | null,
-    /** Method, path and headers are all ASCII (see H1Request.ascii). */
-    readonly ascii = false,
   ) {}
 
   get headBlock(): string {

@@ -76,14 +76,12 @@ class ProxyRequest implements ProxiedRequest {
     private readonly method: string,
     path: string,
     headers: string[],
-    /** Method, path and headers are all ASCII: the upstream head may be encoded as latin1. */
-    ascii: boolean,
     private readonly retryable: boolean,
     private readonly op: number,
     /** Declared content-length, or -1 when the body is chunked. */
     private readonly expected: number,
   ) {
-    this.upstream = new UpstreamRequest(method, path, headers, null, ascii);
+    this.upstream = new UpstreamRequest(method, path, headers, null);
   }
 
   onAborted(): void {
@@ -447,20 +445,12 @@ export class WorkerFront {
       }
     }
     this.slot.bump(C_REQUESTS);
-    // uWS hands header names and values in ASCII only (tested); the path may hold UTF-8.
-    const ascii = isAscii(path);
-    const request = new ProxyRequest(this, res, route, key, method, path, headers, ascii, retryable, op, expected);
+    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected);
     this.active++;
     res.onAborted(() => request.onAborted());
     if (expected === 0) request.start();
     else res.onData((chunk, isLast) => request.onChunk(chunk, isLast));
   }
-}
-
-/** Whether every character is ASCII (then latin1 encodes it as UTF-8 would, and faster). */
-function isAscii(text: string): boolean {
-  for (let i = 0; i < text.length; i++) if (text.charCodeAt(i) > 0x7f) return false;
-  return true;
 }
 
 /**
