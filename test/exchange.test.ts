@@ -28,6 +28,11 @@ class ScriptedDriver extends EventEmitter implements ExchangeDriver {
   allowHedge(): boolean {
     return this.budgetAllows;
   }
+  /** What the budget says before arming (a token is there). */
+  affordable = true;
+  hedgeAffordable(): boolean {
+    return this.affordable;
+  }
   readonly outcomes: boolean[] = [];
   hedgeOutcome(won: boolean): void {
     this.outcomes.push(won);
@@ -130,6 +135,20 @@ describe('Exchange', () => {
     assert.equal(ex.hedged, false);
     ex.answered(0, 200, null, body, 900);
     assert.equal(ex.servedBy, 0);
+  });
+
+  it('arms no hedge while the budget holds no token', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(5);
+    driver.affordable = false;
+    const ex = exchangeOver(driver, [0, 1], true);
+    ex.begin();
+    t.mock.timers.tick(1_000);
+    assert.equal(driver.started.length, 1);
+    assert.equal(driver.denied, 0, 'nothing was due: no timer was set');
+    assert.equal(ex.hedged, false);
+    ex.answered(0, 200, null, body, 900);
+    assert.deepEqual(driver.outcomes, []);
   });
 
   it('fires at most one hedge', (t) => {

@@ -58,6 +58,11 @@ export class HedgeBudget {
     this.tokens = next > this.burst ? this.burst : next;
   }
 
+  /** Whether a token is there now (nothing spent). */
+  get affordable(): boolean {
+    return this.tokens >= 1;
+  }
+
   /** Whether a hedge may fire now; spends a token if so. */
   spend(): boolean {
     if (this.tokens < 1) return false;

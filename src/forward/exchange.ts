@@ -41,6 +41,11 @@ export interface ExchangeDriver {
   startAttempt(exchange: Exchange, node: number, ordinal: number): AttemptHandle;
   /** Whether a hedge may fire now (the hedge budget); spends from it when it says yes. */
   allowHedge(): boolean;
+  /**
+   * Whether the hedge budget holds a token now, without spending it: a hedge is armed only
+   * then (no timer for a hedge that could not fire; at saturation most could not).
+   */
+  hedgeAffordable(): boolean;
   /** A hedged exchange was answered: by the hedge (`won`) or by the attempt it raced. */
   hedgeOutcome(won: boolean): void;
   /** Hedge trigger in milliseconds for `exchange`, whose current primary is `node`. */
@@ -220,6 +225,7 @@ export class Exchange {
 
   private armHedge(): void {
     if (!this.hedgeEnabled || this.hedged || this.done || this.launched >= this.count) return;
+    if (!this.driver.hedgeAffordable()) return;
     const delay = this.driver.hedgeDelayMs(this, this.candidates[this.launched - 1]!);
     this.hedgeTimer = setTimeout(fireHedge, delay, this);
   }

@@ -147,6 +147,7 @@ export class Router {
     return {
       counters,
       allowHedge: () => router.budget.spend(),
+      hedgeAffordable: () => router.budget.affordable,
       hedgeOutcome: (won: boolean) => router.budget.outcome(won),
       hedgeDelayMs(exchange: Exchange, node: number): number {
         const id = (exchange.context as ForwardContext).nodes[node]!.id;

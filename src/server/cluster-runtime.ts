@@ -137,6 +137,10 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
     return this.hedgeBudget.spend();
   }
 
+  hedgeAffordable(): boolean {
+    return this.hedgeBudget.affordable;
+  }
+
   hedgeOutcome(won: boolean): void {
     this.hedgeBudget.outcome(won);
   }
