@@ -34,6 +34,8 @@ export class HedgeBudget {
   private readonly burst: number;
   /** Running share of hedges that answered first (1 until hedges say otherwise). */
   private wins = 1;
+  /** Share of the configured budget in force: follows `wins`, set when a hedge is answered. */
+  private inForce = 1;
 
   constructor(percent: number, burst = 10) {
     this.perRequest = percent / 100;
@@ -43,18 +45,12 @@ export class HedgeBudget {
 
   /** Share of the configured budget in force: it follows how often hedges win. */
   get scale(): number {
-    const scale = this.wins / FULL_BUDGET_WIN_RATE;
-    return scale >= 1 ? 1 : scale > MIN_BUDGET_SCALE ? scale : MIN_BUDGET_SCALE;
-  }
-
-  /** Running share of hedges that answered before the attempt they raced. */
-  get winRate(): number {
-    return this.wins;
+    return this.inForce;
   }
 
   /** A retryable request arrived. */
   deposit(): void {
-    const next = this.tokens + this.perRequest * this.scale;
+    const next = this.tokens + this.perRequest * this.inForce;
     this.tokens = next > this.burst ? this.burst : next;
   }
 
@@ -73,5 +69,7 @@ export class HedgeBudget {
   /** A hedged request was answered: by its hedge (`won`), or by the attempt the hedge raced. */
   outcome(won: boolean): void {
     this.wins += WIN_ALPHA * ((won ? 1 : 0) - this.wins);
+    const scale = this.wins / FULL_BUDGET_WIN_RATE;
+    this.inForce = scale >= 1 ? 1 : scale > MIN_BUDGET_SCALE ? scale : MIN_BUDGET_SCALE;
   }
 }

@@ -19,6 +19,19 @@ export function nameIs(buf: Uint8Array, start: number, end: number, lower: strin
   return true;
 }
 
+/** Parses a non-negative decimal from `buf[start, end)`; -1 if the bytes are not one. */
+export function parseDecimal(buf: Uint8Array, start: number, end: number): number {
+  if (start >= end) return -1;
+  let n = 0;
+  for (let i = start; i < end; i++) {
+    const c = buf[i]! - 48;
+    if (c < 0 || c > 9) return -1;
+    n = n * 10 + c;
+    if (n > Number.MAX_SAFE_INTEGER) return -1;
+  }
+  return n;
+}
+
 export class HeaderFields {
   /** The bytes the offsets index. */
   buf: Buffer = EMPTY;

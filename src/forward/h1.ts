@@ -23,9 +23,7 @@
  *   by one sweep timer per agent, not a timer per request.
  */
 import { connect, type Socket } from 'node:net';
-import { HeaderFields, nameIs } from './fields.js';
-
-export { HeaderFields } from './fields.js';
+import { HeaderFields, nameIs, parseDecimal } from './fields.js';
 
 /** Stable codes for client failures. */
 export const H1Codes = {
@@ -120,19 +118,6 @@ function hasToken(buf: Buffer, start: number, end: number, token: string): boole
   const text = buf.toString('latin1', start, end).toLowerCase();
   for (const part of text.split(',')) if (part.trim() === token) return true;
   return false;
-}
-
-/** Parses a non-negative decimal; -1 if the bytes are not one. */
-function parseDecimal(buf: Buffer, start: number, end: number): number {
-  if (start >= end) return -1;
-  let n = 0;
-  for (let i = start; i < end; i++) {
-    const c = buf[i]! - 48;
-    if (c < 0 || c > 9) return -1;
-    n = n * 10 + c;
-    if (n > Number.MAX_SAFE_INTEGER) return -1;
-  }
-  return n;
 }
 
 const enum Phase {

@@ -18,7 +18,8 @@
 import { Pool } from 'undici';
 import type { Dispatcher } from 'undici';
 import { isGatewayFailure, type AttemptHandle, type Exchange } from './exchange.js';
-import { H1Codes, H1Error, HeaderFields, headBlock, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
+import { HeaderFields } from './fields.js';
+import { H1Codes, H1Error, headBlock, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
 
 export type UpstreamClientKind = 'h1' | 'undici';
 

@@ -26,7 +26,12 @@ export function nodeSeed(nodeId: string): bigint {
  * the 64-bit hash, centred in their bucket, so it is never 0 or 1 and `ln(u)` is finite and < 0.
  */
 export function unitHash(seed: bigint, boardId: string): number {
-  return (Number(api.h64(boardId, seed) >> 12n) + 0.5) / TWO_POW_52;
+  return toUnit(api.h64(boardId, seed));
+}
+
+/** The top 52 bits of a 64-bit hash, centred in their bucket, as a value in (0, 1). */
+function toUnit(hash: bigint): number {
+  return (Number(hash >> 12n) + 0.5) / TWO_POW_52;
 }
 
 const encoder = new TextEncoder();
@@ -67,5 +72,5 @@ export function boardBytes(boardId: string): Uint8Array {
 
 /** {@link unitHash} over a board's bytes (from {@link boardBytes}): the same value. */
 export function unitHashBytes(seed: bigint, board: Uint8Array): number {
-  return (Number(api.h64Raw(board, seed) >> 12n) + 0.5) / TWO_POW_52;
+  return toUnit(api.h64Raw(board, seed));
 }

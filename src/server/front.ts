@@ -6,7 +6,6 @@
  * inside the handler; `onData` chunks are copied before the callback returns; every response
  * written after the handler returned is written inside `res.cork`.
  */
-import { STATUS_CODES } from 'node:http';
 import type { HttpRequest, HttpResponse, TemplatedApp, us_listen_socket } from 'uWebSockets.js';
 import {
   DROPPED_REQUEST_HEADERS,
@@ -32,18 +31,13 @@ import { loadUws, type Uws } from './uws.js';
 
 const MAX_KEY_LENGTH = 1024;
 
-const STATUS_LINES: string[] = [];
-for (const [code, text] of Object.entries(STATUS_CODES)) STATUS_LINES[Number(code)] = `${code} ${text}`;
-function statusLine(status: number): string {
-  return STATUS_LINES[status] ?? String(status);
-}
 
 const JSON_TYPE = 'application/json';
 
 /** Sends a small JSON answer; safe to call inside or outside the handler. */
 function replyJson(res: HttpResponse, status: number, body: string, close = false): void {
   res.cork(() => {
-    res.writeStatus(statusLine(status)).writeHeader('content-type', JSON_TYPE).end(body, close);
+    res.writeStatus(statusBytes(status)).writeHeader('content-type', JSON_TYPE).end(body, close);
   });
 }
 
@@ -153,7 +147,7 @@ class ProxyRequest implements ProxiedRequest {
       const attempted: string[] = [];
       for (let i = 0; i < exchange.launched; i++) attempted.push(runtime.ids[exchange.candidates[i]!]!);
       res
-        .writeStatus(statusLine(failure.status))
+        .writeStatus(statusBytes(failure.status))
         .writeHeader('content-type', JSON_TYPE)
         .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0')
         .end(errorBody(failure.message, failure.code, { attempted }), close);

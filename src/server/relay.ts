@@ -13,7 +13,7 @@
 import { STATUS_CODES } from 'node:http';
 import type { HttpResponse } from 'uWebSockets.js';
 import { HEDGED_HEADER, SERVED_BY_HEADER } from '../contract.js';
-import { nameIs, type HeaderFields } from '../forward/fields.js';
+import { nameIs, parseDecimal, type HeaderFields } from '../forward/fields.js';
 
 const STATUS_BYTES: (Buffer | undefined)[] = [];
 
@@ -90,7 +90,7 @@ export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | nu
     const ns = o![i]!;
     const ne = o![i + 1]!;
     if (isDroppedResponseHeader(src, ns, ne)) {
-      if (head && nameIs(src, ns, ne, 'content-length')) declaredLength = decimal(src, o![i + 2]!, o![i + 3]!);
+      if (head && nameIs(src, ns, ne, 'content-length')) declaredLength = Math.max(0, parseDecimal(src, o![i + 2]!, o![i + 3]!));
       continue;
     }
     for (let k = ns; k < ne; k++) out[at++] = src[k]!;
@@ -103,14 +103,4 @@ export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | nu
   }
   res.writeHeader(SERVED_BY_KEY, out.subarray(0, at - 2));
   return declaredLength;
-}
-
-function decimal(buf: Uint8Array, start: number, end: number): number {
-  let n = 0;
-  for (let i = start; i < end; i++) {
-    const c = buf[i]! - 48;
-    if (c < 0 || c > 9) return 0;
-    n = n * 10 + c;
-  }
-  return n;
 }
