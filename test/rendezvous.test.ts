@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { RendezvousRanker } from '../src/hashing/rendezvous.js';
+import { SeededUnits, batchedUnits, nodeSeed } from '../src/hashing/xxh.js';
 import { WEIGHT_LEVELS, quantiseWeight, rank, score, type NodeInfo } from '../src/router/index.js';
 
 /**
@@ -170,6 +171,36 @@ describe('rank', () => {
     // Infinite weights score +Infinity for every board: only the tie-break can order them.
     const tied = [node('c', Infinity), node('a', Infinity), node('b', Infinity), node('z', 1)];
     for (const b of boards(50)) assert.deepEqual(rank(tied, b).map((n) => n.id), ['a', 'b', 'c', 'z']);
+  });
+});
+
+describe('SeededUnits (every node\'s u for a board, in one wasm call)', () => {
+  it('runs batched here: xxhash-wasm\'s own module loaded and agreed with h64', () => {
+    assert.equal(batchedUnits, true);
+  });
+
+  for (const batched of [true, false]) {
+    it(`gives the documented u for every seed, against the independent XXH64 (${batched ? 'one wasm call' : 'the h64Raw fallback'})`, () => {
+      const ids = ['node-a', 'node-b', 'ünïcødé-node', 'n'.repeat(40)];
+      const units = new SeededUnits(ids.map((id) => nodeSeed(id)), batched);
+      // ASCII, multi-byte, empty, exactly 32 bytes, and long enough to grow the wasm memory
+      // (64 KiB) several times over.
+      const inputs = [...boards(200), 'ボード-7', 'ü', '', 'x'.repeat(32), 'y'.repeat(100_000), 'é'.repeat(40_000), 'b'];
+      for (const b of inputs) {
+        const got = Array.from(units.of(b));
+        const want = ids.map((id) => (Number(referenceXxh64(utf8(b), referenceXxh64(utf8(id), 0n)) >> 12n) + 0.5) / 2 ** 52);
+        assert.deepEqual(got, want, b.slice(0, 20));
+      }
+    });
+  }
+
+  it('keeps rankers apart: each holds its own seeds', () => {
+    const first = new SeededUnits([nodeSeed('a'), nodeSeed('b')]);
+    const second = new SeededUnits([nodeSeed('c')]);
+    const a = Array.from(first.of('board-1'));
+    second.of('board-1');
+    assert.deepEqual(Array.from(first.of('board-1')), a);
+    assert.notEqual(second.of('board-1')[0], a[0]);
   });
 });
 

@@ -7,7 +7,7 @@
  * maximum over nodes lands on each node with probability proportional to its weight. The ranking
  * is every node with weight > 0, best score first, ties broken by id (lexical, ascending).
  */
-import { boardBytes, nodeSeed, unitHash, unitHashBytes } from './xxh.js';
+import { SeededUnits, nodeSeed, unitHash } from './xxh.js';
 
 /** Quantisation bands for capacity weights. */
 export const WEIGHT_LEVELS: readonly number[] = Object.freeze([0.25, 0.5, 1, 1.5, 2]);
@@ -69,14 +69,14 @@ export function rank(nodes: readonly NodeInfo[], boardId: string): NodeInfo[] {
 
 /**
  * The hot-path form of {@link rank}: built once per membership change over a fixed node list,
- * it ranks into caller-owned typed arrays, encodes the board once, and allocates nothing per
- * call but the hash results.
+ * it ranks into caller-owned typed arrays and hashes the board against every node in one call
+ * into WebAssembly ({@link SeededUnits}), allocating nothing per call.
  *
  * Indices refer to the order of the `ids` given to the constructor.
  */
 export class RendezvousRanker {
   readonly size: number;
-  private readonly seeds: bigint[];
+  private readonly units: SeededUnits;
   private readonly weights: Float64Array;
   /** Position of each node in lexical id order, to break score ties without string compares. */
   private readonly idOrder: Int32Array;
@@ -84,7 +84,7 @@ export class RendezvousRanker {
 
   constructor(ids: readonly string[], weights: ArrayLike<number>) {
     this.size = ids.length;
-    this.seeds = ids.map(seedOf);
+    this.units = new SeededUnits(ids.map(seedOf));
     this.weights = Float64Array.from(weights);
     const sorted = ids.map((id, i) => [id, i] as const).sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
     this.idOrder = new Int32Array(ids.length);
@@ -106,14 +106,13 @@ export class RendezvousRanker {
    * `out` must hold at least {@link size} entries.
    */
   rankInto(boardId: string, out: Int32Array): number {
-    const { weights, seeds, scores, idOrder } = this;
-    // Encoded once, hashed once per node.
-    const board = boardBytes(boardId);
+    const { weights, scores, idOrder } = this;
+    const units = this.units.of(boardId);
     let n = 0;
     for (let i = 0; i < this.size; i++) {
       const w = weights[i]!;
       if (!(w > 0)) continue;
-      const s = -w / Math.log(unitHashBytes(seeds[i]!, board));
+      const s = -w / Math.log(units[i]!);
       scores[i] = s;
       // Insertion sort: node counts are small, and it keeps the ranking in place.
       let j = n++;
