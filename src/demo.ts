@@ -2,6 +2,7 @@
  * The embedded demo cluster: three local nodes that answer `/health` and `/rpc/*`, each naming
  * itself, so `lakefront` with no configuration is a working front door out of the box.
  */
+import { Buffer } from 'node:buffer';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { MemberConfig } from './membership/membership.js';

@@ -7,6 +7,8 @@
  * callback that hands them over (the bytes may be a per-thread read buffer).
  */
 
+import { Buffer } from 'node:buffer';
+
 const EMPTY = Buffer.alloc(0);
 
 /** Case-insensitive compare of raw bytes `buf[start, end)` against a lower-case ASCII name. */

@@ -22,6 +22,8 @@
  * - Timeouts (waiting in the queue, for the response head, and each gap in the body) are checked
  *   by one sweep timer per agent, not a timer per request.
  */
+import { Buffer } from 'node:buffer';
+import { performance } from 'node:perf_hooks';
 import { connect, type Socket } from 'node:net';
 import { HeaderFields, nameIs, parseDecimal } from './fields.js';
 

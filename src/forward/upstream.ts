@@ -15,6 +15,8 @@
  * discarded, and its connection is closed only if it has not finished within `cancelGraceMs`. An
  * attempt not yet written to a socket is dropped at once.
  */
+import { Buffer } from 'node:buffer';
+import { performance } from 'node:perf_hooks';
 import { Pool } from 'undici';
 import type { Dispatcher } from 'undici';
 import { isGatewayFailure, type AttemptHandle, type Exchange } from './exchange.js';

@@ -10,6 +10,8 @@
  * Seeding the board hash with a per-node seed means the node half is hashed once per membership
  * change, and a request hashes only its board, once per node, with no string concatenation.
  */
+import { Buffer } from 'node:buffer';
+import { TextEncoder } from 'node:util';
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';

@@ -3,6 +3,8 @@
  * own HTTP layer. The multi-threaded front door runs the same `Exchange` in its workers over
  * undici; this class drives it with `fetch`.
  */
+import { Buffer } from 'node:buffer';
+import { performance } from 'node:perf_hooks';
 import { BOARD_HEADER, isIdempotentPath } from '../contract.js';
 import { ErrorCodes } from '../errors.js';
 import { rank, type NodeInfo } from '../hashing/rendezvous.js';

@@ -2,6 +2,8 @@
  * A worker's per-cluster runtime: the cluster's policy, one undici pool per node, per-node latency
  * windows (the hedge trigger) and the exchange driver that ties them together.
  */
+import { Buffer } from 'node:buffer';
+import { performance } from 'node:perf_hooks';
 import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDriver } from '../forward/exchange.js';
 import { HedgeBudget } from '../forward/budget.js';
 import { SampleWindow } from '../forward/latency.js';

@@ -6,6 +6,7 @@
  * inside the handler; `onData` chunks are copied before the callback returns; every response
  * written after the handler returned is written inside `res.cork`.
  */
+import { Buffer } from 'node:buffer';
 import type { HttpRequest, HttpResponse, TemplatedApp, us_listen_socket } from 'uWebSockets.js';
 import {
   DROPPED_REQUEST_HEADERS,

@@ -10,6 +10,7 @@
  * bare CR or LF in a head, llhttp does for undici), minus the headers the front door does not
  * relay. One call, one view allocated.
  */
+import { Buffer } from 'node:buffer';
 import { STATUS_CODES } from 'node:http';
 import type { HttpResponse } from 'uWebSockets.js';
 import { HEDGED_HEADER, SERVED_BY_HEADER } from '../contract.js';
