@@ -80,6 +80,9 @@ export interface ExchangeFailure {
 
 const MAX_CANDIDATES = 64;
 
+/** An attempt whose transport has not returned its handle yet: nothing to abort through. */
+const STARTING: AttemptHandle = Object.freeze({ abort(): void {} });
+
 export class Exchange {
   readonly driver: ExchangeDriver;
   /** Candidate node indices, best first. Owned by the exchange. */
@@ -111,10 +114,11 @@ export class Exchange {
   latencyMs = 0;
 
   private inflight = 0;
-  /** Per ordinal: the running attempt's handle, or null once it finished (or before it began). */
-  private readonly handles: (AttemptHandle | null)[] = [];
-  /** Per ordinal: 1 while the transport may still report. Plain arrays: cheaper than typed ones. */
-  private readonly running: number[] = [];
+  /**
+   * Per ordinal, while the transport may still report: the attempt's handle (STARTING until its
+   * transport returned it); null once the attempt finished.
+   */
+  private readonly attempts: (AttemptHandle | null)[] = [];
   private hedgeTimer: NodeJS.Timeout | null = null;
 
   constructor(driver: ExchangeDriver, capacity: number) {
@@ -207,9 +211,9 @@ export class Exchange {
 
   /** Marks the attempt at `ordinal` finished; false if it already was (a second report). */
   private finish(ordinal: number): boolean {
-    if (this.running[ordinal] !== 1) return false;
-    this.running[ordinal] = 0;
-    this.handles[ordinal] = null;
+    const attempts = this.attempts;
+    if (ordinal >= attempts.length || attempts[ordinal] === null) return false;
+    attempts[ordinal] = null;
     this.inflight--;
     return true;
   }
@@ -217,10 +221,10 @@ export class Exchange {
   private launch(): void {
     const ordinal = this.launched++;
     this.inflight++;
-    this.running[ordinal] = 1;
+    this.attempts.push(STARTING);
     const handle = this.driver.startAttempt(this, this.candidates[ordinal]!, ordinal);
     // A transport may report synchronously (dispatch on a closed pool): keep no stale handle.
-    if (this.running[ordinal] === 1) this.handles[ordinal] = handle;
+    if (this.attempts[ordinal] === STARTING) this.attempts[ordinal] = handle;
   }
 
   private armHedge(): void {
@@ -253,10 +257,10 @@ export class Exchange {
 
   private abortAll(except: number): void {
     for (let i = 0; i < this.launched; i++) {
-      if (i === except || this.running[i] !== 1) continue;
-      const handle = this.handles[i];
+      const handle = this.attempts[i];
+      if (i === except || handle === null) continue;
       this.finish(i);
-      handle?.abort();
+      handle.abort();
     }
   }
 

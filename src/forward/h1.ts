@@ -158,7 +158,9 @@ class H1Connection {
   /** The head's fields, reused for every response on this connection. */
   private readonly fields = new HeaderFields();
   private remaining = 0;
-  private bodyParts: Buffer[] = [];
+  /** The body read so far: its first part, and any further ones (most bodies come in one). */
+  private firstPart: Buffer | null = null;
+  private moreParts: Buffer[] | null = null;
   private bodyBytes = 0;
   private reusable = true;
   private closeDelimited = false;
@@ -197,7 +199,8 @@ class H1Connection {
     this.phase = Phase.Head;
     this.head = null;
     this.status = 0;
-    this.bodyParts.length = 0;
+    this.firstPart = null;
+    this.moreParts = null;
     this.bodyBytes = 0;
     this.reusable = true;
     this.closeDelimited = false;
@@ -259,7 +262,9 @@ class H1Connection {
   /** Copies every view into the shared read buffer that the pending response still holds. */
   private own(): void {
     if (this.fields.buf.buffer === READ_BUFFER.buffer) this.fields.own();
-    for (let i = 0; i < this.bodyParts.length; i++) this.bodyParts[i] = copyIfShared(this.bodyParts[i]!);
+    if (this.firstPart !== null) this.firstPart = copyIfShared(this.firstPart);
+    const more = this.moreParts;
+    if (more !== null) for (let i = 0; i < more.length; i++) more[i] = copyIfShared(more[i]!);
     if (this.head !== null) this.head = copyIfShared(this.head);
     if (this.chunkLine !== null) this.chunkLine = copyIfShared(this.chunkLine);
   }
@@ -552,17 +557,19 @@ class H1Connection {
 
   private addBody(part: Buffer): void {
     if (part.length === 0) return;
-    this.bodyParts.push(part);
+    if (this.firstPart === null) this.firstPart = part;
+    else (this.moreParts ??= []).push(part);
     this.bodyBytes += part.length;
   }
 
   private complete(p: Pending): void {
-    const parts = this.bodyParts;
-    const body = parts.length === 0 ? EMPTY : parts.length === 1 ? parts[0]! : Buffer.concat(parts, this.bodyBytes);
+    const first = this.firstPart;
+    const more = this.moreParts;
+    const body = first === null ? EMPTY : more === null ? first : Buffer.concat([first, ...more], this.bodyBytes);
     const status = this.status;
     this.pending = null;
-    // The body took what it needs from the array (a part, or a copy): reuse the array.
-    parts.length = 0;
+    this.firstPart = null;
+    this.moreParts = null;
     p.done = true;
     if (!this.closed && this.reusable) this.pool.release(this);
     else if (!this.closed) {

@@ -154,7 +154,8 @@ class ProxyRequest implements ProxiedRequest {
         .end(errorBody(failure.message, failure.code, { attempted }), close);
       return;
     }
-    res.writeStatus(statusBytes(exchange.status));
+    // uWS writes `200 OK` itself when no status was written: one native call fewer for most.
+    if (exchange.status !== 200) res.writeStatus(statusBytes(exchange.status));
     const isHead = this.method === 'HEAD';
     const own = runtime.answerLines[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
     const declaredLength = writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead);
