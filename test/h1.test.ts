@@ -189,6 +189,35 @@ describe('h1 client', () => {
     server.close();
   });
 
+  it('writes bodies of every size intact on busy connections (the shared write buffer and its fallbacks)', async () => {
+    const { server, pool } = await setup(undefined, { connections: 3 });
+    // Connections first: a request on a connection still connecting takes the other path.
+    await Promise.all([1, 2, 3].map(() => send(pool, request('GET', '/warm'))));
+    const sizes = [1, 255, 4_096, 60_000, 65_000, 65_536, 200_000];
+    const bodies = Array.from({ length: 60 }, (_, i) => {
+      const size = sizes[i % sizes.length]!;
+      // Distinct bytes per request, and a UTF-8 head now and then (the buffer's utf8 encode).
+      return { path: `/b/${i}`, board: i % 5 === 0 ? `bøard-${i}` : `board-${i}`, body: Buffer.alloc(size, `${i}:abcdefghijklmnopqrstuvwxyz`) };
+    });
+    const outcomes = await Promise.all(
+      bodies.map(({ path, board, body }) => {
+        const h = handler();
+        pool.send({ method: 'POST', path, headBlock: headBlock(['x-lakefront-board', board], body.length, 'POST'), body }, h);
+        return h.done;
+      }),
+    );
+    assert.ok(outcomes.every((o) => o.status === 200));
+    const seen = new Map(server.requests.map((r) => [r.head.split(' ')[1], r]));
+    for (const { path, board, body } of bodies) {
+      const got = seen.get(path)!;
+      assert.ok(got, path);
+      assert.ok(got.head.includes(`x-lakefront-board: ${board}\r\n`), path);
+      assert.ok(got.body.equals(body), `${path}: ${body.length} bytes arrive intact`);
+    }
+    assert.equal(server.connections, 3);
+    server.close();
+  });
+
   it('skips interim 1xx responses', async () => {
     const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\ndone'));
     const out = await send(pool, request('POST', '/', [], 'x'));

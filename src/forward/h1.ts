@@ -96,6 +96,10 @@ let coarseNow = performance.now();
 /** Per-thread read buffer for every upstream socket (module state is per thread). */
 const READ_BUFFER = Buffer.allocUnsafe(64 * 1024);
 
+/** Per-thread buffer requests are laid out in before they are written (see `write`). */
+const WRITE_SCRATCH_BYTES = 64 * 1024;
+let writeScratch = Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES);
+
 function copyIfShared(view: Buffer): Buffer {
   return view.buffer === READ_BUFFER.buffer ? Buffer.from(view) : view;
 }
@@ -207,20 +211,34 @@ class H1Connection {
     this.lastActivity = coarseNow;
     const { request } = p;
     const headText = `${request.method} ${request.path} HTTP/1.1\r\nhost: ${this.pool.hostHeader}\r\n${request.headBlock}`;
+    const body = request.body;
+    const bodyLength = body === null ? 0 : body.length;
+    const socket = this.socket;
+    // A request with a body, a connected idle socket, and room in the per-thread write buffer
+    // (the common case for writes): head and body are laid out there (one native encode, no
+    // allocation) and leave in one syscall. If the kernel did not take all of it (the socket
+    // keeps a view of what is left), the buffer is handed over to the socket and a fresh one
+    // taken. (A head alone is cheaper written as a string.)
+    if (body !== null && bodyLength > 0 && this.connected && socket.writableLength === 0 && headText.length * 3 + bodyLength <= writeScratch.length) {
+      const headBytes = writeScratch.write(headText, 0, 'utf8');
+      writeScratch.set(body, headBytes);
+      socket.write(writeScratch.subarray(0, headBytes + bodyLength));
+      if (socket.writableLength !== 0) writeScratch = Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES);
+      return;
+    }
     // A UTF-8 length equal to the string's length means every character is ASCII: latin1 then
     // writes the same bytes, without V8's slower UTF-8 encoder.
     const headBytes = Buffer.byteLength(headText, 'utf8');
     const encoding = headBytes === headText.length ? 'latin1' : 'utf8';
-    const body = request.body;
-    if (body === null || body.length === 0) {
-      this.socket.write(headText, encoding);
+    if (body === null || bodyLength === 0) {
+      socket.write(headText, encoding);
       return;
     }
     // One buffer, one write: head and body leave in one syscall.
-    const out = Buffer.allocUnsafe(headBytes + body.length);
+    const out = Buffer.allocUnsafe(headBytes + bodyLength);
     out.write(headText, 0, headBytes, encoding);
     body.copy(out, headBytes);
-    this.socket.write(out);
+    socket.write(out);
   }
 
   destroy(error: H1Error): void {
