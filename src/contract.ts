@@ -34,10 +34,15 @@ const RPC_PREFIX = '/rpc/';
  */
 export function isIdempotentPath(path: string): boolean {
   if (!path.startsWith(RPC_PREFIX)) return false;
-  let end = path.indexOf('?', RPC_PREFIX.length);
-  if (end < 0) end = path.length;
-  return IDEMPOTENT_PROCEDURES.has(path.slice(RPC_PREFIX.length, end));
+  // Compared in place (no slice to hash): it runs for every write the front door forwards.
+  for (const name of IDEMPOTENT_LIST) {
+    const end = RPC_PREFIX.length + name.length;
+    if ((path.length === end || path.charCodeAt(end) === 0x3f) && path.startsWith(name, RPC_PREFIX.length)) return true;
+  }
+  return false;
 }
+
+const IDEMPOTENT_LIST: readonly string[] = [...IDEMPOTENT_PROCEDURES];
 
 /** Anything with a `get(name)` that answers a header value: WHATWG `Headers`, or a small adapter. */
 export interface HeaderLookup {

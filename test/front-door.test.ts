@@ -7,6 +7,7 @@ import { once } from 'node:events';
 import { connect } from 'node:net';
 import { Client } from 'undici';
 import { after, afterEach, before, describe, it } from 'node:test';
+import { DROPPED_REQUEST_HEADERS } from '../src/contract.js';
 import { route, type RouterServer } from '../src/router/index.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 import { call, ranking, rpc } from './fixtures/http.js';
@@ -116,6 +117,25 @@ describe('front door: HTTP surface', () => {
     assert.equal(headers['x-custom'], 'yes');
     assert.equal(headers['proxy-authorization'], undefined);
     assert.equal(headers.te, undefined);
+  });
+
+  it('drops every hop-by-hop request header (each name in DROPPED_REQUEST_HEADERS)', async () => {
+    const [native] = await ranking(server.url, 'hop-board');
+    // Framing ones are covered by the body tests; every other name is sent on one raw request.
+    const framing = new Set(['host', 'content-length', 'transfer-encoding']);
+    const names = [...DROPPED_REQUEST_HEADERS].filter((name) => !framing.has(name) && name !== 'connection');
+    const head = `GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: hop-board\r\n${names.map((name) => `${name}: v\r\n`).join('')}x-kept: 1\r\nconnection: close\r\n\r\n`;
+    const answer = await new Promise<string>((resolve) => {
+      const socket = connect(Number(new URL(server.url).port), '127.0.0.1', () => socket.write(head));
+      let text = '';
+      socket.on('data', (d) => (text += d.toString('latin1')));
+      socket.on('close', () => resolve(text));
+      socket.on('error', () => undefined);
+    });
+    assert.match(answer, /^HTTP\/1\.1 200/);
+    const headers = byId(nodes, native!).received[0]!.headers;
+    assert.equal(headers['x-kept'], '1');
+    for (const name of [...names, 'connection']) assert.equal(headers[name], undefined, name);
   });
 
   it('never forwards a CR, LF, NUL or other control byte in a header value', async () => {

@@ -58,7 +58,7 @@ port.on('message', (message: MainMessage) => {
       running.statsReply(message.id, message.body);
       break;
     case 'collect':
-      send({ t: 'histograms', id: message.id, encoded: running.encodeHistograms() });
+      send({ t: 'histograms', id: message.id, encoded: running.collect() });
       break;
     case 'drain':
       running.drain().then((abandoned) => {
