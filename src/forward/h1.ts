@@ -99,6 +99,9 @@ const READ_BUFFER = Buffer.allocUnsafe(64 * 1024);
 /** Per-thread buffer requests are laid out in before they are written (see `write`). */
 const WRITE_SCRATCH_BYTES = 64 * 1024;
 let writeScratch = Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES);
+/** Views of its first n bytes for the shorter requests, made once per length (lengths repeat). */
+let writeViews: (Buffer | undefined)[] = [];
+const VIEWED_BYTES = 4096;
 
 function copyIfShared(view: Buffer): Buffer {
   return view.buffer === READ_BUFFER.buffer ? Buffer.from(view) : view;
@@ -222,8 +225,12 @@ class H1Connection {
     if (body !== null && bodyLength > 0 && this.connected && socket.writableLength === 0 && headText.length * 3 + bodyLength <= writeScratch.length) {
       const headBytes = writeScratch.write(headText, 0, 'utf8');
       writeScratch.set(body, headBytes);
-      socket.write(writeScratch.subarray(0, headBytes + bodyLength));
-      if (socket.writableLength !== 0) writeScratch = Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES);
+      const size = headBytes + bodyLength;
+      socket.write(size <= VIEWED_BYTES ? (writeViews[size] ??= writeScratch.subarray(0, size)) : writeScratch.subarray(0, size));
+      if (socket.writableLength !== 0) {
+        writeScratch = Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES);
+        writeViews = [];
+      }
       return;
     }
     // A UTF-8 length equal to the string's length means every character is ASCII: latin1 then

@@ -70,6 +70,8 @@ export function answerLines(ids: readonly string[]): Buffer[] {
 
 /** Per-thread scratch for the header block; grown when a head needs more. */
 let scratch = Buffer.allocUnsafe(16 * 1024);
+/** Views of the scratch's first n bytes (n <= 4096), made once per length (block lengths repeat). */
+let views: (Buffer | undefined)[] = [];
 
 /**
  * Writes the front door's `own` lines (from {@link answerLines}) and the relayed fields as header
@@ -82,7 +84,10 @@ export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | nu
   const o = fields === null ? null : fields.offsets;
   const src = fields === null ? own : fields.buf;
   for (let i = 0; i < count * 4; i += 4) need += o![i + 1]! - o![i]! + o![i + 3]! - o![i + 2]! + 4;
-  if (need > scratch.length) scratch = Buffer.allocUnsafe(need * 2);
+  if (need > scratch.length) {
+    scratch = Buffer.allocUnsafe(need * 2);
+    views = [];
+  }
   const out = scratch;
   let at = 0;
   for (let k = 0; k < own.length; k++) out[at++] = own[k]!;
@@ -102,6 +107,7 @@ export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | nu
     out[at++] = 0x0d;
     out[at++] = 0x0a;
   }
-  res.writeHeader(SERVED_BY_KEY, out.subarray(0, at - 2));
+  const size = at - 2;
+  res.writeHeader(SERVED_BY_KEY, size <= 4096 ? (views[size] ??= out.subarray(0, size)) : out.subarray(0, size));
   return declaredLength;
 }
