@@ -466,15 +466,27 @@ class H1Connection {
         headEnd = line + 2;
         break;
       }
-      let colon = -1;
+      // The name runs to the colon; a control byte before it (CR, LF included) makes the line bad.
       let j = line;
-      for (; j < end; j++) {
+      while (j < end) {
         const c = buf[j]!;
-        if (c === 0x0d || c === 0x0a) break;
-        if (c === 0x3a && colon < 0) colon = j;
+        if (c === 0x3a || c < 0x20) break;
+        j++;
+      }
+      if (j >= end) return HEAD_INCOMPLETE;
+      const colon = buf[j] === 0x3a ? j : -1;
+      // The value runs to CR or LF. One compare per byte: anything above 0x0d is neither (a tab
+      // or other control byte below it is looked at, and kept).
+      if (colon > 0) {
+        for (j++; ; j++) {
+          while (j < end && buf[j]! > 0x0d) j++;
+          if (j >= end) return HEAD_INCOMPLETE;
+          const c = buf[j]!;
+          if (c === 0x0d || c === 0x0a) break;
+        }
       }
       if (j + 1 >= end) return HEAD_INCOMPLETE;
-      if (buf[j] !== 0x0d || buf[j + 1] !== 0x0a || colon <= line || first === 0x20 || first === 0x09) {
+      if (colon <= line || buf[j] !== 0x0d || buf[j + 1] !== 0x0a || first === 0x20 || first === 0x09) {
         this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad header line'));
         return HEAD_DONE;
       }
