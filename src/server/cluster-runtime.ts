@@ -61,6 +61,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   readonly hedgeBudget: HedgeBudget;
   private readonly transports: NodeTransport[];
   private readonly policies = new Map<PolicyName, Policy>();
+  /** The policies that learn from attempt outcomes (`observe`), as an array for the hot path. */
+  private observers: Policy[] = [];
   private readonly policySettings: PolicySettings;
   private readonly lastRefusedAt: Float64Array;
 
@@ -114,6 +116,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
       policy = createPolicy(name, this.policySettings);
       policy.update(this.view);
       this.policies.set(name, policy);
+      if (policy.observe) this.observers = [...this.observers, policy];
     }
     return policy;
   }
@@ -169,7 +172,10 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   attemptEnded(node: number, ok: boolean, latencyMs: number, error: unknown, op: number): void {
     const g = this.globalIndex[node]!;
     this.slot.dropNode(g, N_INFLIGHT);
-    if (latencyMs >= 0) for (const policy of this.policies.values()) policy.observe?.(node, latencyMs, ok, op);
+    if (latencyMs >= 0) {
+      const observers = this.observers;
+      for (let i = 0; i < observers.length; i++) observers[i]!.observe!(node, latencyMs, ok, op);
+    }
     if (!ok) {
       this.slot.bumpNode(g, N_FAILURES);
       if (op === OP_WRITE && node === this.view.leader && isUnsent(error)) {

@@ -52,13 +52,15 @@ interface BoundRoute {
   readonly classifier: OperationClassifier | null;
 }
 
-/** One proxied request: its client response, what to send upstream, and the exchange. */
-class ProxyRequest implements ProxiedRequest {
+/**
+ * One proxied request: its client response, the exchange, and (being an UpstreamRequest itself,
+ * one object fewer a request) what every attempt sends upstream. `body` fills as it arrives.
+ */
+class ProxyRequest extends UpstreamRequest implements ProxiedRequest {
   aborted = false;
   answered = false;
   exchange: Exchange | null = null;
-  readonly upstream: UpstreamRequest;
-  private body: Buffer | null = null;
+  readonly upstream: UpstreamRequest = this;
   private chunks: Buffer[] | null = null;
   private received = 0;
 
@@ -67,7 +69,7 @@ class ProxyRequest implements ProxiedRequest {
     private readonly res: HttpResponse,
     private readonly route: BoundRoute,
     private readonly key: string,
-    private readonly method: string,
+    method: string,
     path: string,
     headers: string[],
     private readonly retryable: boolean,
@@ -75,7 +77,7 @@ class ProxyRequest implements ProxiedRequest {
     /** Declared content-length, or -1 when the body is chunked. */
     private readonly expected: number,
   ) {
-    this.upstream = new UpstreamRequest(method, path, headers, null);
+    super(method, path, headers, null);
   }
 
   onAborted(): void {
@@ -113,7 +115,6 @@ class ProxyRequest implements ProxiedRequest {
 
   start(): void {
     if (this.answered) return;
-    this.upstream.body = this.body;
     const runtime = this.route.runtime;
     const exchange = new Exchange(runtime, runtime.size);
     exchange.context = this;
