@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
@@ -86,12 +86,16 @@ describe('configuration file', () => {
 
   it('is what --config loads', () => {
     const dir = mkdtempSync(join(tmpdir(), 'lakefront-config-'));
-    const path = join(dir, 'lf.json');
-    writeFileSync(path, JSON.stringify(good));
-    const config = run(['--config', path]);
-    assert.equal(config.port, 0);
-    assert.equal(config.threads, 1);
-    assert.equal(config.routes.length, 3);
+    try {
+      const path = join(dir, 'lf.json');
+      writeFileSync(path, JSON.stringify(good));
+      const config = run(['--config', path]);
+      assert.equal(config.port, 0);
+      assert.equal(config.threads, 1);
+      assert.equal(config.routes.length, 3);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   const bad: [string, unknown, RegExp][] = [

@@ -4,7 +4,7 @@
  * reports which PIDs to charge CPU to.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { connect, createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -144,9 +144,13 @@ export async function startNginx(upstream: Upstream, workers: number): Promise<C
   const servers = upstream.ports.map((p) => `        server 127.0.0.1:${p};`).join('\n');
   writeFileSync(join(dir, 'nginx.conf'), fill(readFileSync(join(PEERS, 'nginx.conf.tmpl'), 'utf8'), { WORKERS: String(workers), DIR: dir, PORT: String(port), SERVERS: servers, KEEPALIVE: String(64 * upstream.ports.length) }));
   const child = spawn(binary, ['-p', dir, '-c', join(dir, 'nginx.conf')], { stdio: ['ignore', 'ignore', 'pipe'] });
-  await waitForPort(port, child);
+  const removeDir = (): void => rmSync(dir, { recursive: true, force: true });
+  await waitForPort(port, child).catch((err: unknown) => {
+    removeDir();
+    throw err;
+  });
   const name = `nginx-${workers}w`;
-  return { name, url: `http://127.0.0.1:${port}`, proc: wrap(name, child, () => [child.pid!, ...childPids(child.pid!)]) };
+  return { name, url: `http://127.0.0.1:${port}`, proc: wrap(name, child, () => [child.pid!, ...childPids(child.pid!)], removeDir) };
 }
 
 export async function startHaproxy(upstream: Upstream, threads: number): Promise<Contender | string> {
@@ -158,7 +162,11 @@ export async function startHaproxy(upstream: Upstream, threads: number): Promise
   const file = join(dir, 'haproxy.cfg');
   writeFileSync(file, fill(readFileSync(join(PEERS, 'haproxy.cfg.tmpl'), 'utf8'), { THREADS: String(threads), DIR: dir, PORT: String(port), SERVERS: servers }));
   const child = spawn(binary, ['-db', '-f', file], { stdio: ['ignore', 'ignore', 'pipe'] });
-  await waitForPort(port, child);
+  const removeDir = (): void => rmSync(dir, { recursive: true, force: true });
+  await waitForPort(port, child).catch((err: unknown) => {
+    removeDir();
+    throw err;
+  });
   const name = `haproxy-${threads}t`;
-  return { name, url: `http://127.0.0.1:${port}`, proc: wrap(name, child, () => [child.pid!, ...childPids(child.pid!)]) };
+  return { name, url: `http://127.0.0.1:${port}`, proc: wrap(name, child, () => [child.pid!, ...childPids(child.pid!)], removeDir) };
 }

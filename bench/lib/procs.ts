@@ -114,19 +114,21 @@ export function track(child: ChildProcess): ChildProcess {
   return child;
 }
 
-export function wrap(name: string, child: ChildProcess, pids: () => number[]): Proc {
+export function wrap(name: string, child: ChildProcess, pids: () => number[], cleanup?: () => void): Proc {
   track(child);
   return {
     name,
     child,
     pids,
     async stop() {
-      if (child.exitCode !== null || child.signalCode !== null) return;
-      const exited = once(child, 'exit');
-      child.kill('SIGTERM');
-      const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
-      await exited;
-      clearTimeout(timer);
+      if (child.exitCode === null && child.signalCode === null) {
+        const exited = once(child, 'exit');
+        child.kill('SIGTERM');
+        const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
+        await exited;
+        clearTimeout(timer);
+      }
+      cleanup?.();
     },
   };
 }
