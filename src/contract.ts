@@ -66,7 +66,17 @@ export function isRetryable(path: string, headers?: HeaderLookup | Record<string
  * door treats them as retryable whatever the path.
  */
 export function isSafeMethod(method: string): boolean {
-  return method === 'GET' || method === 'HEAD' || method === 'OPTIONS';
+  // By length first: at most one string compare.
+  switch (method.length) {
+    case 3:
+      return method === 'GET';
+    case 4:
+      return method === 'HEAD';
+    case 7:
+      return method === 'OPTIONS';
+    default:
+      return false;
+  }
 }
 
 /**

@@ -818,6 +818,14 @@ export function sweepPeriodMs(requestTimeoutMs: number): number {
 export function headBlock(headers: readonly string[], bodyLength: number, method: string): string {
   let block = '';
   for (let i = 0; i + 1 < headers.length; i += 2) block += `${headers[i]}: ${headers[i + 1]}\r\n`;
-  if (bodyLength > 0 || method === 'POST' || method === 'PUT' || method === 'PATCH') block += `content-length: ${bodyLength}\r\n`;
+  if (bodyLength > 0 || method === 'POST' || method === 'PUT' || method === 'PATCH') block += lengthLine(bodyLength);
   return `${block}\r\n`;
+}
+
+/** `content-length: n\r\n` lines for the smaller bodies, made once per length. */
+const LENGTH_LINES: (string | undefined)[] = [];
+
+function lengthLine(length: number): string {
+  if (length > 4096) return `content-length: ${length}\r\n`;
+  return (LENGTH_LINES[length] ??= `content-length: ${length}\r\n`);
 }

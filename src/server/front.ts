@@ -181,6 +181,19 @@ class ProxyRequest extends UpstreamRequest implements ProxiedRequest {
   }
 }
 
+/** A content-length value: 1DIGIT*, at most 15 digits (safe integers); -1 for anything else. */
+function parseLength(text: string): number {
+  const n = text.length;
+  if (n === 0 || n > 15) return -1;
+  let value = 0;
+  for (let i = 0; i < n; i++) {
+    const digit = text.charCodeAt(i) - 48;
+    if (digit < 0 || digit > 9) return -1;
+    value = value * 10 + digit;
+  }
+  return value;
+}
+
 /** The request whose answer `writeCorked` writes: saves a closure per answer. */
 let corked: ProxyRequest | null = null;
 function writeCorked(): void {
@@ -434,8 +447,8 @@ export class WorkerFront {
     const contentLength = scan.contentLength;
     let expected = -1;
     if (!scan.chunked) {
-      expected = contentLength === '' ? 0 : Number(contentLength);
-      if (!Number.isSafeInteger(expected) || expected < 0) {
+      expected = contentLength === '' ? 0 : parseLength(contentLength);
+      if (expected < 0) {
         this.slot.bump(C_REJECTED);
         replyJson(res, 400, errorBody('bad content-length', ErrorCodes.BAD_REQUEST), true);
         return;
