@@ -52,15 +52,12 @@ interface BoundRoute {
   readonly classifier: OperationClassifier | null;
 }
 
-/**
- * One proxied request: its client response, the exchange, and (being an UpstreamRequest itself,
- * one object fewer a request) what every attempt sends upstream. `body` fills as it arrives.
- */
-class ProxyRequest extends UpstreamRequest implements ProxiedRequest {
+/** One proxied request: its client response, what to send upstream, and the exchange. */
+class ProxyRequest implements ProxiedRequest {
   aborted = false;
   answered = false;
   exchange: Exchange | null = null;
-  readonly upstream: UpstreamRequest = this;
+  readonly upstream: UpstreamRequest;
   private chunks: Buffer[] | null = null;
   private received = 0;
 
@@ -69,7 +66,7 @@ class ProxyRequest extends UpstreamRequest implements ProxiedRequest {
     private readonly res: HttpResponse,
     private readonly route: BoundRoute,
     private readonly key: string,
-    method: string,
+    private readonly method: string,
     path: string,
     headers: string[],
     private readonly retryable: boolean,
@@ -77,7 +74,7 @@ class ProxyRequest extends UpstreamRequest implements ProxiedRequest {
     /** Declared content-length, or -1 when the body is chunked. */
     private readonly expected: number,
   ) {
-    super(method, path, headers, null);
+    this.upstream = new UpstreamRequest(method, path, headers, null);
   }
 
   onAborted(): void {
@@ -97,8 +94,10 @@ class ProxyRequest extends UpstreamRequest implements ProxiedRequest {
     if (size > 0) {
       const view = new Uint8Array(chunk);
       if (this.expected >= 0) {
-        if (this.body === null) this.body = Buffer.allocUnsafe(this.expected);
-        this.body.set(view, this.received);
+        // The upstream request's body fills as it arrives.
+        const upstream = this.upstream;
+        if (upstream.body === null) upstream.body = Buffer.allocUnsafe(this.expected);
+        upstream.body.set(view, this.received);
       } else {
         (this.chunks ??= []).push(Buffer.copyBytesFrom(view));
       }
@@ -109,7 +108,7 @@ class ProxyRequest extends UpstreamRequest implements ProxiedRequest {
       this.reject(400, errorBody('request body shorter than its content-length', ErrorCodes.BAD_REQUEST), true);
       return;
     }
-    if (this.chunks !== null) this.body = Buffer.concat(this.chunks);
+    if (this.chunks !== null) this.upstream.body = Buffer.concat(this.chunks);
     this.start();
   }
 
