@@ -477,7 +477,7 @@ class H1Connection {
       const colon = buf[j] === 0x3a ? j : -1;
       // The value runs to CR or LF. One compare per byte: anything above 0x0d is neither (a tab
       // or other control byte below it is looked at, and kept).
-      if (colon > 0) {
+      if (colon >= 0) {
         for (j++; ; j++) {
           while (j < end && buf[j]! > 0x0d) j++;
           if (j >= end) return HEAD_INCOMPLETE;
