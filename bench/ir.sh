@@ -16,7 +16,7 @@ trap 'kill -TERM $VPID 2>/dev/null || true; kill $UPPID 2>/dev/null || true; rm 
 sleep 0.8
 NODES=$(node -e "const p=JSON.parse(require('fs').readFileSync('$D/up.json','utf8')).ports;console.log(p.map((x,i)=>'node-'+i+'=http://127.0.0.1:'+x).join(','))")
 valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes --smc-check=all-non-file --callgrind-out-file="$D/cg.%p" \
-  node "$DIST/src/cli.js" --nodes "$NODES" --port 0 --threads 1 --host 127.0.0.1 --health-interval-ms 600000 > "$D/lf.log" 2> "$D/vg.log" & VPID=$!
+  node "$DIST/src/cli.js" --nodes "$NODES" --port 0 --threads 1 --host 127.0.0.1 --health-interval-ms 600000 ${LF_ARGS:-} > "$D/lf.log" 2> "$D/vg.log" & VPID=$!
 URL=
 for _ in $(seq 120); do URL=$(grep -o 'http://127.0.0.1:[0-9]*' "$D/lf.log" | head -1 || true); [ -n "$URL" ] && break; sleep 0.5; done
 node dist/bench/count.js "$URL" "$WARM" "$WL" > /dev/null
