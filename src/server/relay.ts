@@ -54,7 +54,8 @@ export function isDroppedResponseHeader(buf: Uint8Array, start: number, end: num
   }
 }
 
-const SERVED_BY_KEY = Buffer.from(SERVED_BY_HEADER, 'latin1');
+/** An ArrayBuffer of exactly the name's bytes: uWS reads one without asking a view for its buffer. */
+const SERVED_BY_KEY: ArrayBuffer = new Uint8Array(Buffer.from(SERVED_BY_HEADER, 'latin1')).slice().buffer;
 
 /**
  * The front door's own lines for an answer served by a node, as they follow the served-by key:
