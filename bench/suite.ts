@@ -2,7 +2,7 @@
  * The throughput suite: every contender in front of the same three upstream nodes, the same load,
  * interleaved (A B C A B C ...), medians of the repeats.
  *
- *   node dist/bench/suite.js [--quick] [--repeats 3] [--seconds 5]
+ *   node dist/bench/suite.js [--quick] [--repeats 3] [--seconds 5] [--prewarm 2]
  *       [--contenders direct,lakefront-1t,lakefront-2t,node-proxy,nginx-1w,nginx-2w,haproxy-1t,haproxy-2t]
  *       [--workloads post256,get1k,get16k,mix8020] [--connections 64,1024] [--no-write]
  *
@@ -23,6 +23,7 @@ const { values } = parseArgs({
     quick: { type: 'boolean', default: false },
     repeats: { type: 'string' },
     seconds: { type: 'string' },
+    prewarm: { type: 'string' },
     contenders: { type: 'string' },
     workloads: { type: 'string' },
     connections: { type: 'string' },
@@ -34,6 +35,14 @@ const env = process.env;
 const quick = values.quick!;
 const repeats = Number(values.repeats ?? env.BENCH_REPEATS ?? 3);
 const seconds = Number(values.seconds ?? env.BENCH_SECONDS ?? (quick ? 3 : 5));
+/**
+ * Seconds of each workload every contender serves once, unrecorded, before anything is measured.
+ * A JIT-compiled front door reaches its steady code only after its hot paths have run for a
+ * while (measured: V8 was still deoptimising and recompiling Lakefront's request path 5-12 s in,
+ * and the first measured run of the first workload cost up to 4 us a request more than the next
+ * two); servers in C need none of it, and lose nothing by it.
+ */
+const prewarm = Number(values.prewarm ?? env.BENCH_PREWARM ?? (quick ? 1 : 2));
 const contenderNames = (values.contenders ?? env.BENCH_CONTENDERS ?? 'direct,lakefront-1t,lakefront-2t,node-proxy,nginx-1w,nginx-2w,haproxy-1t,haproxy-2t').split(',');
 const workloadNames = (values.workloads ?? env.BENCH_WORKLOADS ?? (quick ? 'post256,get1k' : 'post256,get1k,get16k,mix8020')).split(',');
 const connectionCounts = (values.connections ?? env.BENCH_CONNECTIONS ?? (quick ? '64' : '64,1024')).split(',').map(Number);
@@ -69,6 +78,9 @@ async function main(): Promise<void> {
       } else contenders.push(started);
     }
     const results: Record<string, Record<string, Sample[]>> = {};
+    if (prewarm > 0) {
+      for (const c of contenders) for (const workloadName of workloadNames) await warmUp(c.url, WORKLOADS[workloadName]!, 64, prewarm);
+    }
     for (const workloadName of workloadNames) {
       const workload = WORKLOADS[workloadName]!;
       for (const connections of connectionCounts) {
@@ -142,7 +154,7 @@ function report(results: Record<string, Record<string, Sample[]>>, contenders: C
   const out = {
     machine: info,
     command,
-    settings: { repeats, seconds, workloads: workloadNames, connections: connectionCounts, contenders: contenders.map((c) => c.name), skipped },
+    settings: { repeats, seconds, prewarm, workloads: workloadNames, connections: connectionCounts, contenders: contenders.map((c) => c.name), skipped },
     summary,
   };
   process.stdout.write(`\n${lines.join('\n')}\n`);
@@ -152,7 +164,7 @@ function report(results: Record<string, Record<string, Sample[]>>, contenders: C
   writeFileSync(join(dir, `${section}.svg`), svgChart(`Lakefront bench (${section}): ${info.date.slice(0, 10)}, ${info.cpu}`, groups));
   const header = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
-    `Command: \`${command}\` (${repeats} interleaved repeats of ${seconds} s per contender and workload, after a 1 s warm-up; medians, spread = min-max of the repeats).`,
+    `Command: \`${command}\` (${repeats} interleaved repeats of ${seconds} s per contender and workload, after a one-time ${prewarm} s warm-up on each workload and a 1 s one before each; medians, spread = min-max of the repeats).`,
     `Load: autocannon in the bench process, latency per response in microseconds (HDR). CPU us/req = the contender's process CPU time (all threads, all processes) over requests answered.`,
     skipped.length ? `Skipped: ${skipped.join('; ')}.` : '',
     `Chart: [results/${section}.svg](results/${section}.svg); raw figures: [results/${section}.json](results/${section}.json).`,
