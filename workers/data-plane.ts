@@ -63,8 +63,12 @@ port.on('message', (message: MainMessage) => {
     case 'drain':
       running.drain().then((abandoned) => {
         send({ t: 'drained', abandoned });
-        // Let the message flush before the thread ends.
-        setImmediate(() => process.exit(0));
+        // Let the message flush before the thread ends; counts made since the drain's own flush
+        // (attempts ending as their pools closed) go in too.
+        setImmediate(() => {
+          running.flushCounters();
+          process.exit(0);
+        });
       }, die);
       break;
     case 'crash':

@@ -94,7 +94,11 @@ export class Router {
     this.driver = this.makeDriver();
   }
 
-  /** Running totals, mutated as `forward` runs. */
+  /**
+   * Running totals, mutated as `forward` runs. Inside a front door they are the whole process's:
+   * this router's own counts at once, the worker threads' within 100 ms (workers batch theirs;
+   * `/stats` asks them first and is exact).
+   */
   get counters(): RouterCounters {
     return this.shared ? this.shared.totals() : { ...this.local };
   }

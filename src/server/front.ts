@@ -180,17 +180,20 @@ class ProxyRequest implements ProxiedRequest {
   }
 }
 
-/** A content-length value: 1DIGIT*, at most 15 digits (safe integers); -1 for anything else. */
+/**
+ * A content-length value: 1*DIGIT, as a number (past 15 digits, MAX_SAFE_INTEGER: too large for
+ * any body limit, so it is refused as too large rather than as malformed); -1 for anything else.
+ */
 function parseLength(text: string): number {
   const n = text.length;
-  if (n === 0 || n > 15) return -1;
+  if (n === 0) return -1;
   let value = 0;
   for (let i = 0; i < n; i++) {
     const digit = text.charCodeAt(i) - 48;
     if (digit < 0 || digit > 9) return -1;
     value = value * 10 + digit;
   }
-  return value;
+  return n > 15 ? Number.MAX_SAFE_INTEGER : value;
 }
 
 /** The request whose answer `writeCorked` writes: saves a closure per answer. */
@@ -322,6 +325,11 @@ export class WorkerFront {
     this.histograms.destroy();
     this.slot.flush();
     return abandoned;
+  }
+
+  /** Adds this thread's batched counts to the shared counters now. */
+  flushCounters(): void {
+    this.slot.flush();
   }
 
   /**
