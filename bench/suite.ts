@@ -42,7 +42,7 @@ const seconds = Number(values.seconds ?? env.BENCH_SECONDS ?? (quick ? 3 : 5));
  * and the first measured run of the first workload cost up to 4 us a request more than the next
  * two); servers in C need none of it, and lose nothing by it.
  */
-const prewarm = Number(values.prewarm ?? env.BENCH_PREWARM ?? (quick ? 1 : 2));
+const prewarm = Number(values.prewarm ?? env.BENCH_PREWARM ?? (quick ? 0 : 2));
 const contenderNames = (values.contenders ?? env.BENCH_CONTENDERS ?? 'direct,lakefront-1t,lakefront-2t,node-proxy,nginx-1w,nginx-2w,haproxy-1t,haproxy-2t').split(',');
 const workloadNames = (values.workloads ?? env.BENCH_WORKLOADS ?? (quick ? 'post256,get1k' : 'post256,get1k,get16k,mix8020')).split(',');
 const connectionCounts = (values.connections ?? env.BENCH_CONNECTIONS ?? (quick ? '64' : '64,1024')).split(',').map(Number);
