@@ -4,7 +4,7 @@
  * reports which PIDs to charge CPU to.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { connect, createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -134,6 +134,16 @@ function fill(template: string, values: Record<string, string>): string {
 
 const PEERS = join(ROOT, 'bench/peers');
 
+/** Copies a peer's error log, when it says anything, to bench/out/ before its directory goes. */
+function keepLog(file: string, name: string): void {
+  if (!existsSync(file) || statSync(file).size === 0) return;
+  const out = join(ROOT, 'bench/out');
+  mkdirSync(out, { recursive: true });
+  const kept = join(out, `${name}-${new Date().toISOString().replace(/[:.]/g, '-')}.log`);
+  copyFileSync(file, kept);
+  process.stderr.write(`${name}: its error log is kept in ${kept}\n`);
+}
+
 /** nginx with `workers` worker processes, or null (with the reason) when nginx is missing. */
 export async function startNginx(upstream: Upstream, workers: number): Promise<Contender | string> {
   const binary = findBinary('/usr/sbin/nginx', '/usr/bin/nginx');
@@ -144,7 +154,10 @@ export async function startNginx(upstream: Upstream, workers: number): Promise<C
   const servers = upstream.ports.map((p) => `        server 127.0.0.1:${p};`).join('\n');
   writeFileSync(join(dir, 'nginx.conf'), fill(readFileSync(join(PEERS, 'nginx.conf.tmpl'), 'utf8'), { WORKERS: String(workers), DIR: dir, PORT: String(port), SERVERS: servers, KEEPALIVE: String(64 * upstream.ports.length) }));
   const child = spawn(binary, ['-p', dir, '-c', join(dir, 'nginx.conf')], { stdio: ['ignore', 'ignore', 'pipe'] });
-  const removeDir = (): void => rmSync(dir, { recursive: true, force: true });
+  const removeDir = (): void => {
+    keepLog(join(dir, 'error.log'), `nginx-${workers}w`);
+    rmSync(dir, { recursive: true, force: true });
+  };
   await waitForPort(port, child).catch((err: unknown) => {
     removeDir();
     throw err;
