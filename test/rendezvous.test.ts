@@ -180,7 +180,7 @@ describe('SeededUnits (every node\'s u for a board, in one wasm call)', () => {
   });
 
   for (const batched of [true, false]) {
-    it(`gives the documented u for every seed, against the independent XXH64 (${batched ? 'one wasm call' : 'the h64Raw fallback'})`, () => {
+    it(`gives the documented u for every seed, against the independent XXH64 (${batched ? 'one wasm call' : 'the unitHash fallback'})`, () => {
       const ids = ['node-a', 'node-b', 'ünïcødé-node', 'n'.repeat(40)];
       const units = new SeededUnits(ids.map((id) => nodeSeed(id)), batched);
       // ASCII, multi-byte, empty, exactly 32 bytes, and long enough to grow the wasm memory

@@ -26,6 +26,7 @@ import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import { connect, type Socket } from 'node:net';
 import { HeaderFields, nameIs, parseDecimal } from './fields.js';
+import { PrefixViews } from './prefix-views.js';
 
 /** Stable codes for client failures. */
 export const H1Codes = {
@@ -98,10 +99,7 @@ const READ_BUFFER = Buffer.allocUnsafe(64 * 1024);
 
 /** Per-thread buffer requests are laid out in before they are written (see `write`). */
 const WRITE_SCRATCH_BYTES = 64 * 1024;
-let writeScratch = Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES);
-/** Views of its first n bytes for the shorter requests, made once per length (lengths repeat). */
-let writeViews: (Buffer | undefined)[] = [];
-const VIEWED_BYTES = 4096;
+let writeScratch = new PrefixViews(Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES));
 
 function copyIfShared(view: Buffer): Buffer {
   return view.buffer === READ_BUFFER.buffer ? Buffer.from(view) : view;
@@ -222,15 +220,12 @@ class H1Connection {
     // allocation) and leave in one syscall. If the kernel did not take all of it (the socket
     // keeps a view of what is left), the buffer is handed over to the socket and a fresh one
     // taken. (A head alone is cheaper written as a string.)
-    if (body !== null && bodyLength > 0 && this.connected && socket.writableLength === 0 && headText.length * 3 + bodyLength <= writeScratch.length) {
-      const headBytes = writeScratch.write(headText, 0, 'utf8');
-      writeScratch.set(body, headBytes);
-      const size = headBytes + bodyLength;
-      socket.write(size <= VIEWED_BYTES ? (writeViews[size] ??= writeScratch.subarray(0, size)) : writeScratch.subarray(0, size));
-      if (socket.writableLength !== 0) {
-        writeScratch = Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES);
-        writeViews = [];
-      }
+    if (body !== null && bodyLength > 0 && this.connected && socket.writableLength === 0 && headText.length * 3 + bodyLength <= WRITE_SCRATCH_BYTES) {
+      const out = writeScratch.buf;
+      const headBytes = out.write(headText, 0, 'utf8');
+      out.set(body, headBytes);
+      socket.write(writeScratch.of(headBytes + bodyLength));
+      if (socket.writableLength !== 0) writeScratch = new PrefixViews(Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES));
       return;
     }
     // A UTF-8 length equal to the string's length means every character is ASCII: latin1 then

@@ -40,45 +40,8 @@ function toUnit(hash: bigint): number {
 }
 
 const encoder = new TextEncoder();
-/** Longest board encoded by the ASCII fast path; longer or non-ASCII boards use TextEncoder. */
-const FAST_CHARS = 1024;
-let scratch = new Uint8Array(FAST_CHARS * 3);
-/** views[n]: the first n bytes of `scratch`, made once per length. */
-let views: Uint8Array[] = [];
-
-/**
- * The UTF-8 bytes of a board, for hashing it against several nodes after encoding it once. The
- * view is valid until the next call (one per thread: module state is per thread).
- */
-export function boardBytes(boardId: string): Uint8Array {
-  const length = boardId.length;
-  let n = -1;
-  if (length <= FAST_CHARS) {
-    n = length;
-    for (let i = 0; i < length; i++) {
-      const c = boardId.charCodeAt(i);
-      if (c > 0x7f) {
-        n = -1;
-        break;
-      }
-      scratch[i] = c;
-    }
-  }
-  if (n < 0) {
-    if (scratch.length < length * 3) {
-      scratch = new Uint8Array(length * 3);
-      views = [];
-    }
-    n = encoder.encodeInto(boardId, scratch).written;
-  }
-  if (n > FAST_CHARS * 3) return scratch.subarray(0, n);
-  return (views[n] ??= scratch.subarray(0, n));
-}
-
-/** {@link unitHash} over a board's bytes (from {@link boardBytes}): the same value. */
-export function unitHashBytes(seed: bigint, board: Uint8Array): number {
-  return toUnit(api.h64Raw(board, seed));
-}
+/** Board bytes the wasm memory is sized for at first (the front door's key limit is 1,024 chars). */
+const FIRST_BOARD_BYTES = 1024 * 3;
 
 /**
  * The hot path's form of {@link unitHash}: one board against a fixed list of seeds, in one call
@@ -94,7 +57,7 @@ export function unitHashBytes(seed: bigint, board: Uint8Array): number {
  * The XXH64 code is xxhash-wasm's own: the module file its `workerd` build ships
  * (`xxhash-wasm/workerd/xxhash.wasm`, byte for byte the module its Node build embeds). If that
  * file cannot be loaded, or disagrees with `h64` on a check at load, the batch falls back to
- * `h64Raw` per node: slower, same values.
+ * {@link unitHash} per node: slower, same values.
  */
 export class SeededUnits {
   readonly count: number;
@@ -105,7 +68,7 @@ export class SeededUnits {
   private units: Float64Array;
   private readonly boardAt: number;
 
-  /** `batched: false` forces the h64Raw fallback (for tests). */
+  /** `batched: false` forces the {@link unitHash} fallback (for tests). */
   constructor(seeds: readonly bigint[], batched = true) {
     this.count = seeds.length;
     this.seeds = seeds.slice();
@@ -122,7 +85,7 @@ export class SeededUnits {
     this.memory = wasm.memory;
     this.bytes = new Uint8Array(0);
     this.units = new Float64Array(0);
-    this.reserve(this.boardAt + FAST_CHARS * 3);
+    this.reserve(this.boardAt + FIRST_BOARD_BYTES);
     new BigInt64Array(this.memory.buffer, 0, this.count).set(seeds);
   }
 
@@ -130,8 +93,7 @@ export class SeededUnits {
   of(boardId: string): Float64Array {
     const run = this.run;
     if (run === null) {
-      const board = boardBytes(boardId);
-      for (let i = 0; i < this.count; i++) this.units[i] = unitHashBytes(this.seeds[i]!, board);
+      for (let i = 0; i < this.count; i++) this.units[i] = unitHash(this.seeds[i]!, boardId);
       return this.units;
     }
     const length = boardId.length;
@@ -249,5 +211,5 @@ function loadBatch(): { instantiate(): BatchWasm } | null {
   return { instantiate };
 }
 
-/** Whether {@link SeededUnits} runs in one wasm call (false: the h64Raw fallback). For tests. */
+/** Whether {@link SeededUnits} runs in one wasm call (false: the unitHash fallback). For tests. */
 export const batchedUnits = BATCH !== null;

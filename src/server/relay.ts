@@ -15,6 +15,7 @@ import { STATUS_CODES } from 'node:http';
 import type { HttpResponse } from 'uWebSockets.js';
 import { HEDGED_HEADER, SERVED_BY_HEADER } from '../contract.js';
 import { nameIs, parseDecimal, type HeaderFields } from '../forward/fields.js';
+import { PrefixViews } from '../forward/prefix-views.js';
 
 const STATUS_BYTES: (Buffer | undefined)[] = [];
 
@@ -70,9 +71,7 @@ export function answerLines(ids: readonly string[]): Buffer[] {
 }
 
 /** Per-thread scratch for the header block; grown when a head needs more. */
-let scratch = Buffer.allocUnsafe(16 * 1024);
-/** Views of the scratch's first n bytes (n <= 4096), made once per length (block lengths repeat). */
-let views: (Buffer | undefined)[] = [];
+let scratch = new PrefixViews(Buffer.allocUnsafe(16 * 1024));
 
 /**
  * Writes the front door's `own` lines (from {@link answerLines}) and the relayed fields as header
@@ -85,11 +84,8 @@ export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | nu
   const o = fields === null ? null : fields.offsets;
   const src = fields === null ? own : fields.buf;
   for (let i = 0; i < count * 4; i += 4) need += o![i + 1]! - o![i]! + o![i + 3]! - o![i + 2]! + 4;
-  if (need > scratch.length) {
-    scratch = Buffer.allocUnsafe(need * 2);
-    views = [];
-  }
-  const out = scratch;
+  if (need > scratch.buf.length) scratch = new PrefixViews(Buffer.allocUnsafe(need * 2));
+  const out = scratch.buf;
   let at = 0;
   for (let k = 0; k < own.length; k++) out[at++] = own[k]!;
   let declaredLength = 0;
@@ -108,7 +104,6 @@ export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | nu
     out[at++] = 0x0d;
     out[at++] = 0x0a;
   }
-  const size = at - 2;
-  res.writeHeader(SERVED_BY_KEY, size <= 4096 ? (views[size] ??= out.subarray(0, size)) : out.subarray(0, size));
+  res.writeHeader(SERVED_BY_KEY, scratch.of(at - 2));
   return declaredLength;
 }
