@@ -2,7 +2,8 @@ import assert from 'node:assert/strict';
 import { EventEmitter } from 'node:events';
 import { describe, it } from 'node:test';
 import { ErrorCodes } from '../src/errors.js';
-import { HedgeBudget } from '../src/forward/budget.js';
+import { performance } from 'node:perf_hooks';
+import { HedgeBudget, WAIT_CAPACITY } from '../src/forward/budget.js';
 import { Exchange, type ExchangeDriver } from '../src/forward/exchange.js';
 
 interface Started {
@@ -32,6 +33,14 @@ class ScriptedDriver extends EventEmitter implements ExchangeDriver {
   affordable = true;
   hedgeAffordable(): boolean {
     return this.affordable;
+  }
+  /** Exchanges the driver was asked to keep waiting for a token, and when each was due. */
+  readonly waits: { exchange: Exchange; dueAt: number }[] = [];
+  hedgeWait(exchange: Exchange, dueAt: number): void {
+    this.waits.push({ exchange, dueAt });
+  }
+  hedgeMayWait(): boolean {
+    return true;
   }
   readonly outcomes: boolean[] = [];
   hedgeOutcome(won: boolean): void {
@@ -133,6 +142,7 @@ describe('Exchange', () => {
     assert.equal(driver.started.length, 1);
     assert.equal(driver.denied, 1);
     assert.equal(ex.hedged, false);
+    assert.deepEqual(driver.waits, [{ exchange: ex, dueAt: 0 }], 'it waits for a token, due at once');
     ex.answered(0, 200, null, body, 900);
     assert.equal(ex.servedBy, 0);
   });
@@ -142,13 +152,18 @@ describe('Exchange', () => {
     const driver = new ScriptedDriver(5);
     driver.affordable = false;
     const ex = exchangeOver(driver, [0, 1], true);
+    const before = performance.now();
     ex.begin();
     t.mock.timers.tick(1_000);
     assert.equal(driver.started.length, 1);
     assert.equal(driver.denied, 0, 'nothing was due: no timer was set');
     assert.equal(ex.hedged, false);
+    assert.equal(driver.waits.length, 1, 'it waits for a token instead');
+    const { dueAt } = driver.waits[0]!;
+    assert.ok(dueAt >= before + 5 && dueAt <= performance.now() + 5, `due at its trigger: ${dueAt - before}`);
     ex.answered(0, 200, null, body, 900);
     assert.deepEqual(driver.outcomes, []);
+    assert.equal(ex.wantsHedge, false, 'answered: a token would be wasted on it');
   });
 
   it('fires at most one hedge', (t) => {
@@ -268,6 +283,152 @@ describe('Exchange', () => {
     assert.ok(driver.started.every((s) => s.aborted));
     ex.answered(0, 200, null, body, 1);
     assert.equal(driver.settledWith, null);
+  });
+});
+
+/** A scripted driver whose hedge decisions are a real HedgeBudget's. */
+class BudgetDriver extends ScriptedDriver {
+  constructor(
+    readonly budget: HedgeBudget,
+    delayMs: number,
+  ) {
+    super(delayMs);
+  }
+  override allowHedge(): boolean {
+    return this.budget.spend();
+  }
+  override hedgeAffordable(): boolean {
+    return this.budget.affordable;
+  }
+  override hedgeWait(exchange: Exchange, dueAt: number): void {
+    super.hedgeWait(exchange, dueAt);
+    this.budget.wait(exchange, dueAt);
+  }
+  override hedgeMayWait(): boolean {
+    return this.budget.waits;
+  }
+}
+
+/** A budget of `percent` with its saved tokens spent. */
+function spentBudget(percent: number): HedgeBudget {
+  const budget = new HedgeBudget(percent, 1);
+  assert.equal(budget.spend(), true);
+  assert.equal(budget.affordable, false);
+  return budget;
+}
+
+describe('waiting for the hedge budget', () => {
+  it('a request that found the budget spent is hedged by the next token once due and unanswered', () => {
+    const budget = spentBudget(50);
+    const driver = new BudgetDriver(budget, 0);
+    const ex = exchangeOver(driver, [3, 1, 2], true);
+    ex.begin();
+    assert.equal(driver.started.length, 1, 'no token: no hedge yet');
+    assert.equal(budget.waitingCount, 1);
+    budget.deposit();
+    assert.equal(driver.started.length, 1, 'half a token is not one');
+    budget.deposit();
+    assert.deepEqual(driver.started.map((s) => s.node), [3, 1], 'the token went to the waiting request');
+    assert.equal(ex.hedged, true);
+    assert.equal(budget.affordable, false, 'and was spent');
+    assert.equal(budget.waitingCount, 0);
+    ex.answered(1, 200, null, body, 2);
+    assert.equal(ex.servedBy, 1);
+    assert.deepEqual(driver.tally, { hedges: 1, hedgeWins: 1, failovers: 0 });
+  });
+
+  it('is not hedged before its trigger, however many tokens come', () => {
+    const budget = spentBudget(100);
+    const driver = new BudgetDriver(budget, 60_000);
+    const ex = exchangeOver(driver, [0, 1], true);
+    ex.begin();
+    for (let i = 0; i < 5; i++) budget.deposit();
+    assert.equal(driver.started.length, 1);
+    assert.equal(budget.waitingCount, 1, 'still waiting');
+    ex.answered(0, 200, null, body, 3);
+    budget.deposit();
+    assert.equal(budget.waitingCount, 0, 'answered: dropped from the list');
+    assert.equal(driver.started.length, 1);
+  });
+
+  it('passes over answered requests and gives the token to the oldest one still waiting', () => {
+    const budget = spentBudget(100);
+    const driver = new BudgetDriver(budget, 0);
+    const answered = exchangeOver(driver, [0, 1], true);
+    const stalled = exchangeOver(driver, [1, 2], true);
+    const later = exchangeOver(driver, [2, 0], true);
+    answered.begin();
+    stalled.begin();
+    later.begin();
+    answered.answered(0, 200, null, body, 1);
+    budget.deposit();
+    assert.equal(answered.hedged, false);
+    assert.equal(stalled.hedged, true, 'the oldest unanswered one');
+    assert.equal(later.hedged, false, 'one token, one hedge');
+    assert.equal(budget.waitingCount, 1);
+    budget.deposit();
+    assert.equal(later.hedged, true);
+    assert.equal(budget.waitingCount, 0);
+  });
+
+  it('a hedge due while the budget was spent fires when a token comes', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const budget = new HedgeBudget(100, 1);
+    const driver = new BudgetDriver(budget, 5);
+    const ex = exchangeOver(driver, [0, 1], true);
+    ex.begin();
+    assert.equal(budget.spend(), true, 'another request spends the token meanwhile');
+    t.mock.timers.tick(5);
+    assert.equal(driver.denied, 1, 'the timer found the budget spent');
+    assert.equal(driver.started.length, 1);
+    budget.deposit();
+    assert.equal(ex.hedged, true);
+    assert.deepEqual(driver.started.map((s) => s.node), [0, 1]);
+  });
+
+  it('fires one hedge for an exchange that waits twice', () => {
+    const budget = spentBudget(100);
+    const driver = new BudgetDriver(budget, 0);
+    const ex = exchangeOver(driver, [0, 1, 2], true);
+    ex.begin();
+    budget.wait(ex, 0);
+    budget.deposit();
+    budget.deposit();
+    assert.equal(driver.tally.hedges, 1);
+    assert.equal(driver.started.length, 2);
+    assert.equal(budget.waitingCount, 0);
+  });
+
+  it('keeps at most WAIT_CAPACITY requests waiting', () => {
+    const budget = spentBudget(0);
+    const driver = new BudgetDriver(budget, 0);
+    for (let i = 0; i < WAIT_CAPACITY + 10; i++) exchangeOver(driver, [0, 1], true).begin();
+    assert.equal(budget.waitingCount, WAIT_CAPACITY);
+  });
+
+  it('nobody waits while hedges are losing (the budget has shrunk)', () => {
+    const budget = spentBudget(100);
+    for (let i = 0; i < 100; i++) budget.outcome(false);
+    assert.equal(budget.waits, false);
+    const driver = new BudgetDriver(budget, 0);
+    exchangeOver(driver, [0, 1], true).begin();
+    assert.equal(budget.waitingCount, 0);
+    assert.equal(driver.waits.length, 0);
+    for (let i = 0; i < 100; i++) budget.outcome(true);
+    assert.equal(budget.waits, true, 'winning again: requests wait again');
+    exchangeOver(driver, [0, 1], true).begin();
+    assert.equal(budget.waitingCount, 1);
+  });
+
+  it('never hedges a request that may not hedge', () => {
+    const budget = spentBudget(100);
+    const driver = new BudgetDriver(budget, 0);
+    const write = exchangeOver(driver, [0, 1], false);
+    write.begin();
+    budget.deposit();
+    assert.equal(budget.waitingCount, 0);
+    assert.equal(driver.started.length, 1);
+    assert.equal(budget.affordable, true, 'the token is still there');
   });
 });
 

@@ -20,7 +20,32 @@
  * the running win rate over 20%, between 10% and all of it: with a node stalling (the tail case
  * hedging is for) about 40% of hedges win and nothing changes; at saturation the budget drops
  * to a tenth and recovers within a few dozen hedges once they start winning.
+ *
+ * A request that finds the budget spent is not simply left unhedged. It waits on a short list,
+ * oldest first, and the next tokens go to the waiting requests that are past their hedge trigger
+ * and still unanswered. A request that was merely slow has its answer by then and is passed
+ * over; one that is stalled (the tail hedging is for) is still waiting and gets the token. Without
+ * this, on a busy machine the slow-but-fine requests that pass p95 spent the budget and a stall
+ * arriving just after found it empty and ran its whole 50 ms unhedged: p99.9 was not cut. Tokens
+ * come with deposits, and a deposit serves the list before any timer can take the token. Only
+ * while the whole budget is in force: when it has shrunk, hedges are losing (a saturated front
+ * door), and the list would be work for nothing.
  */
+import { performance } from 'node:perf_hooks';
+
+/** What waits for a token: an exchange. */
+export interface HedgeWaiter {
+  /** Whether a hedge would still be of use (unanswered, not hedged, a candidate left). */
+  readonly wantsHedge: boolean;
+  /** Fire the hedge now; it spends its token through the driver. */
+  fireHedge(): void;
+}
+
+/**
+ * Requests that may wait for a token (a power of two). More waiting than this means the front
+ * door is saturated, where hedges lose anyway; later ones are not kept.
+ */
+export const WAIT_CAPACITY = 256;
 /** Weight of each new hedge outcome in the running win rate (about the last 32 hedges). */
 const WIN_ALPHA = 1 / 32;
 /** A win rate at or above this earns the whole budget. */
@@ -36,6 +61,11 @@ export class HedgeBudget {
   private wins = 1;
   /** Share of the configured budget in force: follows `wins`, set when a hedge is answered. */
   private inForce = 1;
+  /** Waiting requests, a ring buffer oldest first, and when each one's hedge is due. */
+  private readonly waiting: (HedgeWaiter | null)[] = new Array<HedgeWaiter | null>(WAIT_CAPACITY).fill(null);
+  private readonly dueAt = new Float64Array(WAIT_CAPACITY);
+  private waitHead = 0;
+  private waitCount = 0;
 
   constructor(percent: number, burst = 10) {
     this.perRequest = percent / 100;
@@ -52,6 +82,61 @@ export class HedgeBudget {
   deposit(): void {
     const next = this.tokens + this.perRequest * this.inForce;
     this.tokens = next > this.burst ? this.burst : next;
+    if (this.waitCount > 0) this.serve();
+  }
+
+  /**
+   * Whether a request that finds the budget spent should wait for a token: while the whole budget
+   * is in force (hedges win often enough). Below that, hedges mostly lose and waiting is waste.
+   */
+  get waits(): boolean {
+    return this.inForce === 1;
+  }
+
+  /** Requests waiting for a token (answered ones leave as tokens come). */
+  get waitingCount(): number {
+    return this.waitCount;
+  }
+
+  /**
+   * The budget was spent when `waiter`'s hedge was to be armed or fired: it waits for a token,
+   * to be hedged at `dueAt` (performance.now() time; 0 for at once) or when a token comes after
+   * that, if it still wants a hedge then. Not kept when the list is full.
+   */
+  wait(waiter: HedgeWaiter, dueAt: number): void {
+    if (this.waitCount === WAIT_CAPACITY) return;
+    const at = (this.waitHead + this.waitCount) & (WAIT_CAPACITY - 1);
+    this.waiting[at] = waiter;
+    this.dueAt[at] = dueAt;
+    this.waitCount++;
+  }
+
+  /**
+   * Drops answered requests from the head of the list and hands tokens to the waiting ones in
+   * order while they are due. Stops at the first one not yet due: the list is in arrival order,
+   * and a trigger is a few milliseconds, so a later one is rarely due before it.
+   */
+  private serve(): void {
+    const waiting = this.waiting;
+    let now = -1;
+    // Bounded: a waiter whose hedge is refused joins the list again.
+    for (let left = this.waitCount; left > 0 && this.waitCount > 0; left--) {
+      const at = this.waitHead;
+      const waiter = waiting[at]!;
+      const wants = waiter.wantsHedge;
+      if (wants) {
+        if (this.tokens < 1) return;
+        const due = this.dueAt[at]!;
+        if (due > 0) {
+          if (now < 0) now = performance.now();
+          if (due > now) return;
+        }
+      }
+      waiting[at] = null;
+      this.waitHead = (at + 1) & (WAIT_CAPACITY - 1);
+      this.waitCount--;
+      if (wants) waiter.fireHedge();
+    }
   }
 
   /** Whether a token is there now (nothing spent). */

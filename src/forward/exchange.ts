@@ -20,6 +20,7 @@
  * 502, 503 or 504, which say the node could not serve rather than what the request did. Any other
  * status is an answer and is relayed as is.
  */
+import { performance } from 'node:perf_hooks';
 import { ErrorCodes } from '../errors.js';
 
 export interface AttemptHandle {
@@ -41,6 +42,17 @@ export interface ExchangeDriver {
   startAttempt(exchange: Exchange, node: number, ordinal: number): AttemptHandle;
   /** Whether a hedge may fire now (the hedge budget); spends from it when it says yes. */
   allowHedge(): boolean;
+  /**
+   * The hedge budget was spent when `exchange`'s hedge was to be armed or to fire: keep it
+   * waiting for a token, due at `dueAt` (performance.now() time, 0 for now). The budget calls
+   * `fireHedge` when a token comes, if the exchange still wants a hedge then.
+   */
+  hedgeWait(exchange: Exchange, dueAt: number): void;
+  /**
+   * Whether an exchange that finds the budget spent should wait for a token (`hedgeWait`): only
+   * while hedges are paying off. At saturation they mostly lose, and waiting is work for nothing.
+   */
+  hedgeMayWait(): boolean;
   /**
    * Whether the hedge budget holds a token now, without spending it: a hedge is armed only
    * then (no timer for a hedge that could not fire; at saturation most could not).
@@ -112,6 +124,11 @@ export class Exchange {
   failure: ExchangeFailure | null = null;
   /** Duration of the winning attempt, milliseconds. */
   latencyMs = 0;
+  /**
+   * performance.now() when the latest attempt was launched: the hedge trigger counts from it,
+   * and transports may take it as the attempt's start rather than read the clock again.
+   */
+  launchedAt = 0;
 
   private inflight = 0;
   /**
@@ -219,6 +236,7 @@ export class Exchange {
   }
 
   private launch(): void {
+    this.launchedAt = performance.now();
     const ordinal = this.launched++;
     this.inflight++;
     this.attempts.push(STARTING);
@@ -227,19 +245,36 @@ export class Exchange {
     if (this.attempts[ordinal] === STARTING) this.attempts[ordinal] = handle;
   }
 
-  private armHedge(): void {
-    if (!this.hedgeEnabled || this.hedged || this.done || this.launched >= this.count) return;
-    if (!this.driver.hedgeAffordable()) return;
-    const delay = this.driver.hedgeDelayMs(this, this.candidates[this.launched - 1]!);
-    this.hedgeTimer = setTimeout(fireHedge, delay, this);
+  /** Whether a hedge would still be of use: unanswered, not hedged yet, a candidate left. */
+  get wantsHedge(): boolean {
+    return !this.done && !this.hedged && this.launched < this.count;
   }
 
-  /** @internal timer callback */
-  fireHedge(): void {
+  private armHedge(): void {
+    if (!this.hedgeEnabled || this.hedged || this.done || this.launched >= this.count) return;
+    const node = this.candidates[this.launched - 1]!;
+    // No token now: no timer (at saturation most would fire into a spent budget). The exchange
+    // waits for a token instead, and is hedged if one comes once it is due and still unanswered.
+    if (!this.driver.hedgeAffordable()) {
+      if (this.driver.hedgeMayWait()) this.driver.hedgeWait(this, this.launchedAt + this.driver.hedgeDelayMs(this, node));
+      return;
+    }
+    this.hedgeTimer = setTimeout(onHedgeTimer, this.driver.hedgeDelayMs(this, node), this);
+  }
+
+  /** @internal the hedge timer fired */
+  onHedgeTimer(): void {
     this.hedgeTimer = null;
-    if (this.done || this.hedged || this.launched >= this.count) return;
+    this.fireHedge();
+  }
+
+  /** Hedge now if the budget allows (the timer, or the budget handing a waiting exchange a token). */
+  fireHedge(): void {
+    this.clearHedge();
+    if (!this.wantsHedge) return;
     if (!this.driver.allowHedge()) {
       this.driver.counters.hedgeDenied();
+      if (this.driver.hedgeMayWait()) this.driver.hedgeWait(this, 0);
       return;
     }
     this.hedged = true;
@@ -273,6 +308,6 @@ export class Exchange {
   }
 }
 
-function fireHedge(exchange: Exchange): void {
-  exchange.fireHedge();
+function onHedgeTimer(exchange: Exchange): void {
+  exchange.onHedgeTimer();
 }

@@ -107,7 +107,8 @@ abstract class CancellableAttempt implements AttemptHandle {
 
 class H1Attempt extends CancellableAttempt implements H1Handler {
   private ticket: H1Ticket | null = null;
-  private readonly startedAt = performance.now();
+  /** The exchange read the clock as it launched this attempt. */
+  private readonly startedAt: number;
 
   constructor(
     private readonly transport: H1Transport,
@@ -116,6 +117,7 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
     private readonly node: number,
   ) {
     super();
+    this.startedAt = exchange.launchedAt;
   }
 
   start(request: UpstreamRequest): this {

@@ -154,6 +154,8 @@ export class Router {
       counters,
       allowHedge: () => router.budget.spend(),
       hedgeAffordable: () => router.budget.affordable,
+      hedgeWait: (exchange: Exchange, dueAt: number) => router.budget.wait(exchange, dueAt),
+      hedgeMayWait: () => router.budget.waits,
       hedgeOutcome: (won: boolean) => router.budget.outcome(won),
       hedgeDelayMs(exchange: Exchange, node: number): number {
         const id = (exchange.context as ForwardContext).nodes[node]!.id;

@@ -146,6 +146,14 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
     return this.hedgeBudget.affordable;
   }
 
+  hedgeWait(exchange: Exchange, dueAt: number): void {
+    this.hedgeBudget.wait(exchange, dueAt);
+  }
+
+  hedgeMayWait(): boolean {
+    return this.hedgeBudget.waits;
+  }
+
   hedgeOutcome(won: boolean): void {
     this.hedgeBudget.outcome(won);
   }
