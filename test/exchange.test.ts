@@ -400,10 +400,76 @@ describe('waiting for the hedge budget', () => {
   });
 
   it('keeps at most WAIT_CAPACITY requests waiting', () => {
-    const budget = spentBudget(0);
-    const driver = new BudgetDriver(budget, 0);
-    for (let i = 0; i < WAIT_CAPACITY + 10; i++) exchangeOver(driver, [0, 1], true).begin();
+    const budget = spentBudget(5);
+    const all: Exchange[] = [];
+    for (let i = 0; i < WAIT_CAPACITY + 10; i++) {
+      const ex = exchangeOver(new BudgetDriver(budget, 0), [0, 1], true);
+      ex.begin();
+      all.push(ex);
+    }
     assert.equal(budget.waitingCount, WAIT_CAPACITY);
+    assert.equal(all[WAIT_CAPACITY]!.waitList, null, 'the first one past the capacity is not kept');
+    // Answered ones leave; the room they leave is used again, around the ring and past holes.
+    for (let i = 0; i < WAIT_CAPACITY; i += 2) all[i]!.answered(0, 200, null, body, 1);
+    assert.equal(budget.waitingCount, WAIT_CAPACITY / 2);
+    for (let i = 0; i < WAIT_CAPACITY / 2; i++) {
+      const ex = exchangeOver(new BudgetDriver(budget, 0), [0, 1], true);
+      ex.begin();
+      all.push(ex);
+    }
+    assert.equal(budget.waitingCount, WAIT_CAPACITY, 'the holes were reused');
+    // Every one of them is still in its own place: each answer takes exactly one off.
+    let left = WAIT_CAPACITY;
+    for (const ex of all) {
+      if (ex.done || ex.waitList === null) continue;
+      ex.answered(0, 200, null, body, 1);
+      assert.equal(budget.waitingCount, --left);
+    }
+    assert.equal(left, 0);
+  });
+
+  it('an answered or cancelled request leaves the list at once, holding nothing', () => {
+    const budget = spentBudget(5);
+    const driver = new BudgetDriver(budget, 0);
+    const answered = exchangeOver(driver, [0, 1], true);
+    const cancelled = exchangeOver(driver, [1, 0], true);
+    answered.begin();
+    cancelled.begin();
+    assert.equal(budget.waitingCount, 2);
+    answered.answered(0, 200, null, body, 1);
+    cancelled.cancel();
+    assert.equal(budget.waitingCount, 0, 'no deposit needed');
+    assert.equal(answered.waitList, null);
+    assert.equal(cancelled.waitList, null);
+  });
+
+  it('after a failover the hedge waits for the new primary, not the old trigger', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const budget = new HedgeBudget(100, 1);
+    const driver = new BudgetDriver(budget, 60_000);
+    const ex = exchangeOver(driver, [0, 1, 2], true);
+    ex.begin();
+    budget.wait(ex, 0); // as if the primary's trigger had passed with the budget spent
+    ex.failed(0, new Error('reset'));
+    assert.deepEqual(driver.started.map((s) => s.node), [0, 1], 'failed over to node 1');
+    assert.equal(budget.waitingCount, 0, 'the wait for node 0 is over');
+    budget.deposit();
+    assert.equal(ex.hedged, false, 'node 1 has not reached its own trigger');
+    t.mock.timers.tick(60_000);
+    assert.equal(ex.hedged, true, 'its own trigger hedges it');
+    assert.deepEqual(driver.started.map((s) => s.node), [0, 1, 2]);
+  });
+
+  it('a request not yet due does not hold back a due one behind it', () => {
+    const budget = spentBudget(100);
+    const slow = exchangeOver(new BudgetDriver(budget, 60_000), [0, 1], true);
+    const stalled = exchangeOver(new BudgetDriver(budget, 0), [1, 2], true);
+    slow.begin();
+    stalled.begin();
+    budget.deposit();
+    assert.equal(stalled.hedged, true, 'the due one got the token');
+    assert.equal(slow.hedged, false);
+    assert.equal(budget.waitingCount, 1);
   });
 
   it('nobody waits while hedges are losing (the budget has shrunk)', () => {

@@ -22,14 +22,15 @@
  * to a tenth and recovers within a few dozen hedges once they start winning.
  *
  * A request that finds the budget spent is not simply left unhedged. It waits on a short list,
- * oldest first, and the next tokens go to the waiting requests that are past their hedge trigger
- * and still unanswered. A request that was merely slow has its answer by then and is passed
- * over; one that is stalled (the tail hedging is for) is still waiting and gets the token. Without
- * this, on a busy machine the slow-but-fine requests that pass p95 spent the budget and a stall
- * arriving just after found it empty and ran its whole 50 ms unhedged: p99.9 was not cut. Tokens
- * come with deposits, and a deposit serves the list before any timer can take the token. Only
- * while the whole budget is in force: when it has shrunk, hedges are losing (a saturated front
- * door), and the list would be work for nothing.
+ * in arrival order, and each new token goes to the oldest waiting request past its hedge trigger.
+ * A request leaves the list the moment it no longer waits for that trigger (answered, cancelled,
+ * failed over to another node), so a request that was merely slow is gone by then, and one that
+ * is stalled (the tail hedging is for) gets the token. Without this, on a busy machine the
+ * slow-but-fine requests that pass p95 spent the budget and a stall arriving just after found it
+ * empty and ran its whole 50 ms unhedged: p99.9 was not cut. Tokens come only with requests
+ * (`deposit`), so that is when the list is served. Only while the whole budget is in force: when
+ * it has shrunk, hedges are losing (a saturated front door), and the list would be work for
+ * nothing.
  */
 import { performance } from 'node:perf_hooks';
 
@@ -39,6 +40,9 @@ export interface HedgeWaiter {
   readonly wantsHedge: boolean;
   /** Fire the hedge now; it spends its token through the driver. */
   fireHedge(): void;
+  /** The list it waits on, and its place there: the budget's bookkeeping, null / -1 when none. */
+  waitList: HedgeBudget | null;
+  waitSlot: number;
 }
 
 /**
@@ -46,6 +50,9 @@ export interface HedgeWaiter {
  * door is saturated, where hedges lose anyway; later ones are not kept.
  */
 export const WAIT_CAPACITY = 256;
+const WAIT_MASK = WAIT_CAPACITY - 1;
+/** Entries a deposit looks at past one not yet due (triggers differ by node). */
+const SCAN_LIMIT = 32;
 /** Weight of each new hedge outcome in the running win rate (about the last 32 hedges). */
 const WIN_ALPHA = 1 / 32;
 /** A win rate at or above this earns the whole budget. */
@@ -61,11 +68,18 @@ export class HedgeBudget {
   private wins = 1;
   /** Share of the configured budget in force: follows `wins`, set when a hedge is answered. */
   private inForce = 1;
-  /** Waiting requests, a ring buffer oldest first, and when each one's hedge is due. */
+  /**
+   * Waiting requests, a ring buffer oldest first (`waitSpan` slots from `waitHead`; a slot whose
+   * request left is null), and when each one's hedge is due.
+   */
   private readonly waiting: (HedgeWaiter | null)[] = new Array<HedgeWaiter | null>(WAIT_CAPACITY).fill(null);
   private readonly dueAt = new Float64Array(WAIT_CAPACITY);
   private waitHead = 0;
-  private waitCount = 0;
+  private waitSpan = 0;
+  /** Requests on the list (non-null slots). */
+  private waitLive = 0;
+  /** Set while `serve` walks the list: slots must not move under it. */
+  private serving = false;
 
   constructor(percent: number, burst = 10) {
     this.perRequest = percent / 100;
@@ -82,7 +96,7 @@ export class HedgeBudget {
   deposit(): void {
     const next = this.tokens + this.perRequest * this.inForce;
     this.tokens = next > this.burst ? this.burst : next;
-    if (this.waitCount > 0) this.serve();
+    if (this.waitLive > 0) this.serve();
   }
 
   /**
@@ -90,52 +104,109 @@ export class HedgeBudget {
    * is in force (hedges win often enough). Below that, hedges mostly lose and waiting is waste.
    */
   get waits(): boolean {
-    return this.inForce === 1;
+    return this.inForce === 1 && this.perRequest > 0;
   }
 
-  /** Requests waiting for a token (answered ones leave as tokens come). */
+  /** Requests waiting for a token. */
   get waitingCount(): number {
-    return this.waitCount;
+    return this.waitLive;
   }
 
   /**
    * The budget was spent when `waiter`'s hedge was to be armed or fired: it waits for a token,
    * to be hedged at `dueAt` (performance.now() time; 0 for at once) or when a token comes after
-   * that, if it still wants a hedge then. Not kept when the list is full.
+   * that. One entry per waiter (a new wait replaces its old one). Not kept when the list is full.
    */
   wait(waiter: HedgeWaiter, dueAt: number): void {
-    if (this.waitCount === WAIT_CAPACITY) return;
-    const at = (this.waitHead + this.waitCount) & (WAIT_CAPACITY - 1);
+    this.drop(waiter);
+    if (this.waitSpan === WAIT_CAPACITY) {
+      if (this.waitLive === WAIT_CAPACITY || this.serving) return;
+      this.compact();
+    }
+    const at = (this.waitHead + this.waitSpan) & WAIT_MASK;
     this.waiting[at] = waiter;
     this.dueAt[at] = dueAt;
-    this.waitCount++;
+    this.waitSpan++;
+    this.waitLive++;
+    waiter.waitList = this;
+    waiter.waitSlot = at;
+  }
+
+  /** `waiter` no longer waits (answered, cancelled, failed over, hedged): its slot is freed. */
+  drop(waiter: HedgeWaiter): void {
+    const at = waiter.waitSlot;
+    if (waiter.waitList === this && this.waiting[at] === waiter) {
+      this.waiting[at] = null;
+      this.waitLive--;
+      if (!this.serving) this.trimHead();
+    }
+    waiter.waitList = null;
+    waiter.waitSlot = -1;
   }
 
   /**
-   * Drops answered requests from the head of the list and hands tokens to the waiting ones in
-   * order while they are due. Stops at the first one not yet due: the list is in arrival order,
-   * and a trigger is a few milliseconds, so a later one is rarely due before it.
+   * Hands tokens to the waiting requests that are due, oldest first. Looks past a request not
+   * yet due (its node's trigger may be longer) at up to SCAN_LIMIT entries.
    */
   private serve(): void {
+    if (this.tokens < 1) return;
     const waiting = this.waiting;
+    const dueAt = this.dueAt;
     let now = -1;
-    // Bounded: a waiter whose hedge is refused joins the list again.
-    for (let left = this.waitCount; left > 0 && this.waitCount > 0; left--) {
-      const at = this.waitHead;
-      const waiter = waiting[at]!;
-      const wants = waiter.wantsHedge;
-      if (wants) {
-        if (this.tokens < 1) return;
-        const due = this.dueAt[at]!;
+    this.serving = true;
+    try {
+      const span = this.waitSpan < SCAN_LIMIT ? this.waitSpan : SCAN_LIMIT;
+      for (let i = 0; i < span && this.tokens >= 1; i++) {
+        const at = (this.waitHead + i) & WAIT_MASK;
+        const waiter = waiting[at];
+        if (waiter === undefined || waiter === null) continue;
+        const due = dueAt[at]!;
         if (due > 0) {
           if (now < 0) now = performance.now();
-          if (due > now) return;
+          if (due > now) continue;
         }
+        waiting[at] = null;
+        this.waitLive--;
+        waiter.waitList = null;
+        waiter.waitSlot = -1;
+        if (waiter.wantsHedge) waiter.fireHedge();
+      }
+    } finally {
+      this.serving = false;
+    }
+    this.trimHead();
+  }
+
+  /** Frees the empty slots at the head of the list. */
+  private trimHead(): void {
+    const waiting = this.waiting;
+    while (this.waitSpan > 0 && waiting[this.waitHead] === null) {
+      this.waitHead = (this.waitHead + 1) & WAIT_MASK;
+      this.waitSpan--;
+    }
+  }
+
+  /** Moves the waiting requests together at the head of the list (it is full of holes). */
+  private compact(): void {
+    const waiting = this.waiting;
+    const dueAt = this.dueAt;
+    const live: HedgeWaiter[] = [];
+    const due: number[] = [];
+    for (let i = 0; i < this.waitSpan; i++) {
+      const at = (this.waitHead + i) & WAIT_MASK;
+      const waiter = waiting[at];
+      if (waiter !== null && waiter !== undefined) {
+        live.push(waiter);
+        due.push(dueAt[at]!);
       }
       waiting[at] = null;
-      this.waitHead = (at + 1) & (WAIT_CAPACITY - 1);
-      this.waitCount--;
-      if (wants) waiter.fireHedge();
+    }
+    this.waitHead = 0;
+    this.waitSpan = live.length;
+    for (let i = 0; i < live.length; i++) {
+      waiting[i] = live[i]!;
+      dueAt[i] = due[i]!;
+      live[i]!.waitSlot = i;
     }
   }
 

@@ -22,6 +22,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import { ErrorCodes } from '../errors.js';
+import type { HedgeBudget, HedgeWaiter } from './budget.js';
 
 export interface AttemptHandle {
   /** Stop the attempt; safe to call after it finished. */
@@ -95,7 +96,7 @@ const MAX_CANDIDATES = 64;
 /** An attempt whose transport has not returned its handle yet: nothing to abort through. */
 const STARTING: AttemptHandle = Object.freeze({ abort(): void {} });
 
-export class Exchange {
+export class Exchange implements HedgeWaiter {
   readonly driver: ExchangeDriver;
   /** Candidate node indices, best first. Owned by the exchange. */
   readonly candidates: Int32Array;
@@ -129,6 +130,10 @@ export class Exchange {
    * and transports may take it as the attempt's start rather than read the clock again.
    */
   launchedAt = 0;
+  /** @internal the hedge budget's list this exchange waits on for a token, and its place there */
+  waitList: HedgeBudget | null = null;
+  /** @internal */
+  waitSlot = -1;
 
   private inflight = 0;
   /**
@@ -168,6 +173,7 @@ export class Exchange {
     if (this.done) return;
     this.done = true;
     this.clearHedge();
+    this.leaveWaitList();
     this.abortAll(-1);
   }
 
@@ -181,6 +187,7 @@ export class Exchange {
     }
     this.done = true;
     this.clearHedge();
+    this.leaveWaitList();
     this.abortAll(ordinal);
     this.winner = ordinal;
     this.status = status;
@@ -209,6 +216,8 @@ export class Exchange {
     if (this.inflight > 0) return;
     if ((this.retryable || unsentSafe) && this.launched < this.count) {
       this.driver.counters.failover();
+      // The wait was for the failed primary's trigger; the new primary gets its own.
+      this.leaveWaitList();
       this.launch();
       // The hedge clock belongs to the attempt now leading; restart it for the new one.
       this.clearHedge();
@@ -247,7 +256,12 @@ export class Exchange {
 
   /** Whether a hedge would still be of use: unanswered, not hedged yet, a candidate left. */
   get wantsHedge(): boolean {
-    return !this.done && !this.hedged && this.launched < this.count;
+    return this.hedgeEnabled && !this.done && !this.hedged && this.launched < this.count;
+  }
+
+  /** Off the hedge budget's list (if on it): nothing to wait for any more, nothing kept alive. */
+  private leaveWaitList(): void {
+    if (this.waitList !== null) this.waitList.drop(this);
   }
 
   private armHedge(): void {
@@ -271,6 +285,7 @@ export class Exchange {
   /** Hedge now if the budget allows (the timer, or the budget handing a waiting exchange a token). */
   fireHedge(): void {
     this.clearHedge();
+    this.leaveWaitList();
     if (!this.wantsHedge) return;
     if (!this.driver.allowHedge()) {
       this.driver.counters.hedgeDenied();
@@ -302,6 +317,7 @@ export class Exchange {
   private fail(code: string, status: number, message: string): void {
     this.done = true;
     this.clearHedge();
+    this.leaveWaitList();
     this.failure = { code, status, message };
     this.status = status;
     this.driver.settle(this);

@@ -20,7 +20,8 @@
  *  2              hedgeWins      requests answered by the hedge rather than the primary
  *  3              failovers      attempts started because an earlier one failed
  *  4              rejected       requests answered 4xx/503 by the front door itself
- *  5              hedgesDenied   hedges that were due but the hedge budget was spent
+ *  5              hedgesDenied   hedge timers that fired into a spent hedge budget (the request
+ *                                then waits for a token, and may still be hedged)
  *  6 .. 7         reserved
  *  8 + 4n + 0     node n: attempts started
  *  8 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
