@@ -34,6 +34,68 @@ function byId(nodes: FakeNode[], id: string): FakeNode {
   return node;
 }
 
+describe('front door: the hedge budget', () => {
+  let nodes: FakeNode[];
+  let server: RouterServer;
+  before(async () => {
+    nodes = await startNodes('node-a', 'node-b', 'node-c');
+    // One worker thread: one budget. 10% of requests, a burst of 10 saved tokens.
+    server = await route({
+      nodes: nodes.map((n) => ({ id: n.id, url: n.url })),
+      port: 0,
+      host: '127.0.0.1',
+      threads: 1,
+      hedgeDelayMs: 30,
+      hedgeBudgetPercent: 10,
+      healthIntervalMs: 60_000,
+    });
+  });
+  after(async () => {
+    await server.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  it('a stalled read that found the budget spent is hedged when requests bring a token', async () => {
+    const [primary, runnerUp] = await ranking(server.url, 'budget-board');
+    byId(nodes, primary!).behaviour = { kind: 'answer', delayMs: 5_000 };
+    // Twelve reads stall on the same node: the ten saved tokens hedge ten of them; the other two
+    // find the budget spent when their triggers pass.
+    let answered = 0;
+    let tenAnswered!: () => void;
+    const ten = new Promise<void>((resolve) => (tenAnswered = resolve));
+    const stalled = Array.from({ length: 12 }, () =>
+      rpc(server.url, 'query.execute', 'budget-board').then((reply) => {
+        if (++answered === 10) tenAnswered();
+        return reply;
+      }),
+    );
+    // The ten saved tokens are spent once ten have their answers (from their hedges).
+    await ten;
+    // Reads elsewhere bring a tenth of a token each.
+    let fastBoard = 0;
+    const fastBoards: string[] = [];
+    while (fastBoards.length < 4) {
+      const board = `fast-${fastBoard++}`;
+      if ((await ranking(server.url, board))[0] !== primary) fastBoards.push(board);
+    }
+    for (let i = 0; i < 40; i++) {
+      const reply = await rpc(server.url, 'query.execute', fastBoards[i % fastBoards.length]!);
+      assert.equal(reply.status, 200);
+    }
+    const replies = await Promise.all(stalled);
+    for (const reply of replies) {
+      assert.equal(reply.status, 200);
+      assert.equal(reply.headers['x-lakefront-served-by'], runnerUp, 'answered by the hedge, not after the 5 s stall');
+      assert.equal(reply.headers['x-lakefront-hedged'], '1');
+    }
+    byId(nodes, primary!).behaviour = { kind: 'answer' };
+  });
+
+  it('refuses a hedge budget outside 0-100', async () => {
+    await assert.rejects(route({ nodes: [{ id: 'x', url: 'http://127.0.0.1:9' }], hedgeBudgetPercent: 101 }), /hedgeBudgetPercent: bad value 101/);
+  });
+});
+
 describe('front door: HTTP surface', () => {
   let nodes: FakeNode[];
   let server: RouterServer;

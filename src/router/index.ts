@@ -23,6 +23,8 @@ export interface RouteOptions {
   readonly port?: number;
   /** Fallback hedge delay before a node has 8+ latency samples of its own. Default 250. */
   readonly hedgeDelayMs?: number;
+  /** Hedges may not exceed this share of retryable requests, in percent (0-100). Default 5. */
+  readonly hedgeBudgetPercent?: number;
   /** Health-poll interval. Default 1000. */
   readonly healthIntervalMs?: number;
   /** Interface to listen on. Default `0.0.0.0`. */
@@ -56,6 +58,10 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new ConfigError(`port: bad value ${port}`);
   const threads = options.threads ?? defaultThreads();
   if (!Number.isInteger(threads) || threads < 1 || threads > 256) throw new ConfigError(`threads: bad value ${threads}`);
+  const budget = options.hedgeBudgetPercent;
+  if (budget !== undefined && !(typeof budget === 'number' && budget >= 0 && budget <= 100)) {
+    throw new ConfigError(`hedgeBudgetPercent: bad value ${budget} (a percentage, 0-100)`);
+  }
   const door = await FrontDoor.start({
     host: options.host ?? DEFAULT_HOST,
     port,
@@ -66,6 +72,7 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
     healthTimeoutMs: DEFAULT_HEALTH_TIMEOUT_MS,
     settings: defaultSettings({
       ...(options.hedgeDelayMs !== undefined ? { hedgeDelayMs: options.hedgeDelayMs } : {}),
+      ...(budget !== undefined ? { hedgeBudgetPercent: budget } : {}),
       ...(options.requestTimeoutMs !== undefined ? { requestTimeoutMs: options.requestTimeoutMs } : {}),
       ...(options.drainTimeoutMs !== undefined ? { drainTimeoutMs: options.drainTimeoutMs } : {}),
     }),
