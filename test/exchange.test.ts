@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { EventEmitter } from 'node:events';
+import { EventEmitter, once } from 'node:events';
 import { describe, it } from 'node:test';
 import { ErrorCodes } from '../src/errors.js';
 import { performance } from 'node:perf_hooks';
@@ -458,6 +458,44 @@ describe('waiting for the hedge budget', () => {
     t.mock.timers.tick(60_000);
     assert.equal(ex.hedged, true, 'its own trigger hedges it');
     assert.deepEqual(driver.started.map((s) => s.node), [0, 1, 2]);
+  });
+
+  it('looks past freed slots: requests that left the list do not count against the scan', () => {
+    const budget = spentBudget(100);
+    const slow = exchangeOver(new BudgetDriver(budget, 60_000), [0, 1], true);
+    slow.begin();
+    const gone: Exchange[] = [];
+    for (let i = 0; i < 40; i++) {
+      const ex = exchangeOver(new BudgetDriver(budget, 60_000), [0, 1], true);
+      ex.begin();
+      gone.push(ex);
+    }
+    const stalled = exchangeOver(new BudgetDriver(budget, 0), [1, 2], true);
+    stalled.begin();
+    for (const ex of gone) ex.answered(0, 200, null, body, 1);
+    assert.equal(budget.waitingCount, 2);
+    budget.deposit();
+    assert.equal(stalled.hedged, true, 'the due one behind 40 freed slots got the token');
+    assert.equal(slow.hedged, false);
+  });
+
+  it('with a token left over, a waiting request is hedged when it comes due, with no deposit then', async () => {
+    const budget = spentBudget(100);
+    const driver = new BudgetDriver(budget, 20);
+    const ex = exchangeOver(driver, [0, 1], true);
+    ex.begin();
+    budget.deposit(); // a token, before the request is due
+    assert.equal(ex.hedged, false);
+    // Keeps the test alive (the budget's timer is unref'd) and bounds the wait.
+    const deadline = setTimeout(() => assert.fail('not hedged within 2 s'), 2_000);
+    try {
+      const [started] = (await once(driver, 'start')) as [Started];
+      assert.equal(started.node, 1);
+      assert.equal(ex.hedged, true);
+      assert.equal(budget.affordable, false, 'the token was spent on it');
+    } finally {
+      clearTimeout(deadline);
+    }
   });
 
   it('a request not yet due does not hold back a due one behind it', () => {

@@ -57,38 +57,47 @@ describe('front door: the hedge budget', () => {
 
   it('a stalled read that found the budget spent is hedged when requests bring a token', async () => {
     const [primary, runnerUp] = await ranking(server.url, 'budget-board');
-    byId(nodes, primary!).behaviour = { kind: 'answer', delayMs: 5_000 };
-    // Twelve reads stall on the same node: the ten saved tokens hedge ten of them; the other two
-    // find the budget spent when their triggers pass.
-    let answered = 0;
-    let tenAnswered!: () => void;
-    const ten = new Promise<void>((resolve) => (tenAnswered = resolve));
-    const stalled = Array.from({ length: 12 }, () =>
-      rpc(server.url, 'query.execute', 'budget-board').then((reply) => {
-        if (++answered === 10) tenAnswered();
-        return reply;
-      }),
-    );
-    // The ten saved tokens are spent once ten have their answers (from their hedges).
-    await ten;
-    // Reads elsewhere bring a tenth of a token each.
-    let fastBoard = 0;
-    const fastBoards: string[] = [];
-    while (fastBoards.length < 4) {
-      const board = `fast-${fastBoard++}`;
-      if ((await ranking(server.url, board))[0] !== primary) fastBoards.push(board);
+    const stalling = byId(nodes, primary!);
+    stalling.behaviour = { kind: 'answer', delayMs: 5_000 };
+    // A deadline for the whole exchange of requests: a regression fails here, not on the stall.
+    let expired!: (reason: Error) => void;
+    const deadline = new Promise<never>((_, reject) => (expired = reject));
+    const timer = setTimeout(() => expired(new Error('the stalled reads were not all hedged within 3 s')), 3_000);
+    try {
+      // Twelve reads stall on the same node: the ten saved tokens hedge ten of them; the other
+      // two find the budget spent when their triggers pass.
+      let answered = 0;
+      let tenAnswered!: () => void;
+      const ten = new Promise<void>((resolve) => (tenAnswered = resolve));
+      const stalled = Array.from({ length: 12 }, () =>
+        rpc(server.url, 'query.execute', 'budget-board').then((reply) => {
+          if (++answered === 10) tenAnswered();
+          return reply;
+        }),
+      );
+      // The ten saved tokens are spent once ten have their answers (from their hedges).
+      await Promise.race([ten, deadline]);
+      // Reads elsewhere bring a tenth of a token each.
+      let fastBoard = 0;
+      const fastBoards: string[] = [];
+      while (fastBoards.length < 4) {
+        const board = `fast-${fastBoard++}`;
+        if ((await ranking(server.url, board))[0] !== primary) fastBoards.push(board);
+      }
+      for (let i = 0; i < 40; i++) {
+        const reply = await rpc(server.url, 'query.execute', fastBoards[i % fastBoards.length]!);
+        assert.equal(reply.status, 200);
+      }
+      const replies = await Promise.race([Promise.all(stalled), deadline]);
+      for (const reply of replies) {
+        assert.equal(reply.status, 200);
+        assert.equal(reply.headers['x-lakefront-served-by'], runnerUp, 'answered by the hedge, not after the 5 s stall');
+        assert.equal(reply.headers['x-lakefront-hedged'], '1');
+      }
+    } finally {
+      clearTimeout(timer);
+      stalling.behaviour = { kind: 'answer' };
     }
-    for (let i = 0; i < 40; i++) {
-      const reply = await rpc(server.url, 'query.execute', fastBoards[i % fastBoards.length]!);
-      assert.equal(reply.status, 200);
-    }
-    const replies = await Promise.all(stalled);
-    for (const reply of replies) {
-      assert.equal(reply.status, 200);
-      assert.equal(reply.headers['x-lakefront-served-by'], runnerUp, 'answered by the hedge, not after the 5 s stall');
-      assert.equal(reply.headers['x-lakefront-hedged'], '1');
-    }
-    byId(nodes, primary!).behaviour = { kind: 'answer' };
   });
 
   it('refuses a hedge budget outside 0-100', async () => {

@@ -51,8 +51,10 @@ export interface HedgeWaiter {
  */
 export const WAIT_CAPACITY = 256;
 const WAIT_MASK = WAIT_CAPACITY - 1;
-/** Entries a deposit looks at past one not yet due (triggers differ by node). */
+/** Waiting requests a deposit looks at past one not yet due (triggers differ by node). */
 const SCAN_LIMIT = 32;
+/** A full list is compacted only while at most this many wait (else the new one is not kept). */
+const COMPACT_BELOW = (WAIT_CAPACITY * 3) / 4;
 /** Weight of each new hedge outcome in the running win rate (about the last 32 hedges). */
 const WIN_ALPHA = 1 / 32;
 /** A win rate at or above this earns the whole budget. */
@@ -80,6 +82,12 @@ export class HedgeBudget {
   private waitLive = 0;
   /** Set while `serve` walks the list: slots must not move under it. */
   private serving = false;
+  /**
+   * Armed when a token is left over and the oldest waiting requests are not yet due: serves the
+   * list when the first of them is, even if no request comes to bring a deposit by then.
+   */
+  private dueTimer: NodeJS.Timeout | null = null;
+  private dueTimerAt = Infinity;
 
   constructor(percent: number, burst = 10) {
     this.perRequest = percent / 100;
@@ -120,7 +128,7 @@ export class HedgeBudget {
   wait(waiter: HedgeWaiter, dueAt: number): void {
     this.drop(waiter);
     if (this.waitSpan === WAIT_CAPACITY) {
-      if (this.waitLive === WAIT_CAPACITY || this.serving) return;
+      if (this.waitLive > COMPACT_BELOW || this.serving) return;
       this.compact();
     }
     const at = (this.waitHead + this.waitSpan) & WAIT_MASK;
@@ -134,8 +142,9 @@ export class HedgeBudget {
 
   /** `waiter` no longer waits (answered, cancelled, failed over, hedged): its slot is freed. */
   drop(waiter: HedgeWaiter): void {
+    if (waiter.waitList !== this) return;
     const at = waiter.waitSlot;
-    if (waiter.waitList === this && this.waiting[at] === waiter) {
+    if (this.waiting[at] === waiter) {
       this.waiting[at] = null;
       this.waitLive--;
       if (!this.serving) this.trimHead();
@@ -146,24 +155,31 @@ export class HedgeBudget {
 
   /**
    * Hands tokens to the waiting requests that are due, oldest first. Looks past a request not
-   * yet due (its node's trigger may be longer) at up to SCAN_LIMIT entries.
+   * yet due (its node's trigger may be longer) at up to SCAN_LIMIT waiting requests (freed slots
+   * between them do not count). With a token left and only requests not yet due, arms a timer
+   * for the first of them.
    */
   private serve(): void {
-    if (this.tokens < 1) return;
+    if (this.serving || this.tokens < 1) return;
     const waiting = this.waiting;
     const dueAt = this.dueAt;
     let now = -1;
+    let nextDue = Infinity;
     this.serving = true;
     try {
-      const span = this.waitSpan < SCAN_LIMIT ? this.waitSpan : SCAN_LIMIT;
-      for (let i = 0; i < span && this.tokens >= 1; i++) {
+      let looked = 0;
+      for (let i = 0; i < this.waitSpan && looked < SCAN_LIMIT && this.tokens >= 1; i++) {
         const at = (this.waitHead + i) & WAIT_MASK;
         const waiter = waiting[at];
         if (waiter === undefined || waiter === null) continue;
+        looked++;
         const due = dueAt[at]!;
         if (due > 0) {
           if (now < 0) now = performance.now();
-          if (due > now) continue;
+          if (due > now) {
+            if (due < nextDue) nextDue = due;
+            continue;
+          }
         }
         waiting[at] = null;
         this.waitLive--;
@@ -175,6 +191,21 @@ export class HedgeBudget {
       this.serving = false;
     }
     this.trimHead();
+    if (nextDue < this.dueTimerAt && this.tokens >= 1 && this.waitLive > 0) this.armDueTimer(nextDue, now);
+  }
+
+  private armDueTimer(at: number, now: number): void {
+    if (this.dueTimer !== null) clearTimeout(this.dueTimer);
+    this.dueTimerAt = at;
+    this.dueTimer = setTimeout(serveWhenDue, Math.max(1, Math.ceil(at - now)), this);
+    this.dueTimer.unref();
+  }
+
+  /** @internal the due timer fired */
+  onDueTimer(): void {
+    this.dueTimer = null;
+    this.dueTimerAt = Infinity;
+    if (this.waitLive > 0) this.serve();
   }
 
   /** Frees the empty slots at the head of the list. */
@@ -228,4 +259,8 @@ export class HedgeBudget {
     const scale = this.wins / FULL_BUDGET_WIN_RATE;
     this.inForce = scale >= 1 ? 1 : scale > MIN_BUDGET_SCALE ? scale : MIN_BUDGET_SCALE;
   }
+}
+
+function serveWhenDue(budget: HedgeBudget): void {
+  budget.onDueTimer();
 }
