@@ -100,8 +100,12 @@ describe('front door: the hedge budget', () => {
     }
   });
 
-  it('refuses a hedge budget outside 0-100', async () => {
-    await assert.rejects(route({ nodes: [{ id: 'x', url: 'http://127.0.0.1:9' }], hedgeBudgetPercent: 101 }), /hedgeBudgetPercent: bad value 101/);
+  it('refuses a bad hedge budget, drain timeout or host, naming it', async () => {
+    const nodes = [{ id: 'x', url: 'http://127.0.0.1:9' }];
+    await assert.rejects(route({ nodes, hedgeBudgetPercent: 101 }), /hedgeBudgetPercent: bad value 101/);
+    await assert.rejects(route({ nodes, drainTimeoutMs: Number.NaN }), /drainTimeoutMs: bad value NaN/);
+    await assert.rejects(route({ nodes, drainTimeoutMs: -1 }), /drainTimeoutMs: bad value -1/);
+    await assert.rejects(route({ nodes, host: 42 as unknown as string }), /host: bad value 42/);
   });
 });
 

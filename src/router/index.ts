@@ -58,12 +58,19 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new ConfigError(`port: bad value ${port}`);
   const threads = options.threads ?? defaultThreads();
   if (!Number.isInteger(threads) || threads < 1 || threads > 256) throw new ConfigError(`threads: bad value ${threads}`);
+  const host = options.host ?? DEFAULT_HOST;
+  if (typeof host !== 'string' || host === '') throw new ConfigError(`host: bad value ${String(host)}`);
+  const drain = options.drainTimeoutMs;
+  if (drain !== undefined && !(typeof drain === 'number' && drain >= 0 && drain <= 3_600_000)) {
+    // Also bounds the supervisor's last-resort deadline (drain + 5 s): NaN would make it fire at once.
+    throw new ConfigError(`drainTimeoutMs: bad value ${drain} (milliseconds, 0-3600000)`);
+  }
   const budget = options.hedgeBudgetPercent;
   if (budget !== undefined && !(typeof budget === 'number' && budget >= 0 && budget <= 100)) {
     throw new ConfigError(`hedgeBudgetPercent: bad value ${budget} (a percentage, 0-100)`);
   }
   const door = await FrontDoor.start({
-    host: options.host ?? DEFAULT_HOST,
+    host,
     port,
     threads,
     clusters: [{ name: DEFAULT_CLUSTER, members }],
@@ -74,7 +81,7 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
       ...(options.hedgeDelayMs !== undefined ? { hedgeDelayMs: options.hedgeDelayMs } : {}),
       ...(budget !== undefined ? { hedgeBudgetPercent: budget } : {}),
       ...(options.requestTimeoutMs !== undefined ? { requestTimeoutMs: options.requestTimeoutMs } : {}),
-      ...(options.drainTimeoutMs !== undefined ? { drainTimeoutMs: options.drainTimeoutMs } : {}),
+      ...(drain !== undefined ? { drainTimeoutMs: drain } : {}),
     }),
   });
   return {
