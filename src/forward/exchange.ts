@@ -6,8 +6,9 @@
  * Rules (seed 000):
  * - The primary is the head of the ranking.
  * - A retryable request hedges to the next candidate when the current primary has not answered by
- *   its hedge trigger (its own p95, or the configured delay) and the hedge budget allows; the
- *   first good answer wins and every other attempt is cancelled.
+ *   its hedge trigger (its own p95, or the configured delay) and the hedge budget allows (if the
+ *   budget is spent then, the request waits for a token while it is unanswered: see budget.ts);
+ *   the first good answer wins and every other attempt is cancelled.
  * - A retryable request fails over down the whole ranking when an attempt fails and no other
  *   attempt is still running; when every candidate has failed it settles as
  *   `ALL_CANDIDATES_FAILED` (502). At most one hedge fires per request.
