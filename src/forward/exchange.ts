@@ -1,6 +1,6 @@
 /**
  * One client request's journey over its candidate nodes: the primary attempt, at most one hedge,
- * and failover down the ranking. Shared by the worker data plane (undici dispatch) and the
+ * and failover down the ranking. Shared by the worker data plane (the h1 client, or undici) and the
  * in-process `Router` (fetch); the transport is the driver's business.
  *
  * Rules (seed 000):
