@@ -266,7 +266,7 @@ export class Exchange implements HedgeWaiter {
   }
 
   private armHedge(): void {
-    if (!this.hedgeEnabled || this.hedged || this.done || this.launched >= this.count) return;
+    if (!this.wantsHedge) return;
     const node = this.candidates[this.launched - 1]!;
     // No token now: no timer (at saturation most would fire into a spent budget). The exchange
     // waits for a token instead, and is hedged if one comes once it is due and still unanswered.

@@ -190,7 +190,8 @@ class DispatchAttempt extends CancellableAttempt {
   private rawHeaders: Buffer[] | null = null;
   private chunks: Buffer[] | null = null;
   private single: Buffer | null = null;
-  private readonly startedAt = performance.now();
+  /** The exchange read the clock as it launched this attempt. */
+  private readonly startedAt: number;
 
   constructor(
     private readonly transport: UndiciTransport,
@@ -199,6 +200,7 @@ class DispatchAttempt extends CancellableAttempt {
     private readonly node: number,
   ) {
     super();
+    this.startedAt = exchange.launchedAt;
   }
 
   start(request: UpstreamRequest): this {

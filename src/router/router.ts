@@ -166,7 +166,7 @@ export class Router {
         const target = ctx.nodes[node]!;
         const controller = new AbortController();
         const timer = setTimeout(() => controller.abort(new Error('request timeout')), router.requestTimeoutMs);
-        const started = performance.now();
+        const started = exchange.launchedAt;
         router
           .fetchImpl(target.url + ctx.path, { method: 'POST', headers: ctx.headers, body: ctx.body, signal: controller.signal })
           .then(async (res) => {
