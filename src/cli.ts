@@ -16,6 +16,22 @@ function fail(message: string, code: number): never {
   process.exit(code);
 }
 
+/**
+ * Ends the process now, by `signal`'s default action, after one line saying why. Not
+ * `process.exit`: on exit Node tears down every worker thread, and tearing down one that still
+ * holds uWS sockets (mid-drain, or stuck) aborts the process with an assertion and a core dump.
+ * Death by the signal the operator sent is what an unhandled signal would have done; the kernel
+ * closes every socket.
+ */
+function dieBy(signal: NodeJS.Signals, message: string): never {
+  process.stderr.write(`lakefront: ${message}\n`);
+  process.removeAllListeners(signal);
+  process.kill(process.pid, signal);
+  // Delivery to this process is asynchronous: wait for it here rather than run on.
+  const cell = new Int32Array(new SharedArrayBuffer(4));
+  for (;;) Atomics.wait(cell, 0, 0, 1_000);
+}
+
 async function main(): Promise<void> {
   let command: Command;
   try {
@@ -63,15 +79,15 @@ async function main(): Promise<void> {
   }
 
   let signals = 0;
-  const shutdown = (signal: string): void => {
-    if (++signals > 1) fail(`second ${signal}: exiting without draining`, 1);
+  const shutdown = (signal: NodeJS.Signals): void => {
+    if (++signals > 1) dieBy(signal, `second ${signal}: exiting without draining`);
     process.stdout.write(`lakefront: ${signal}: draining\n`);
     door
       .stop()
       .then(() => demo?.close())
       .then(
         () => process.exit(0),
-        (err: Error) => fail(err.message, 1),
+        (err: Error) => dieBy(signal, err.message),
       );
   };
   process.on('SIGTERM', () => shutdown('SIGTERM'));

@@ -29,10 +29,18 @@ function start(args: string[], env: Record<string, string> = {}): Run {
 }
 
 async function exitOf(run: Run): Promise<number | null> {
-  if (run.child.exitCode !== null) return run.child.exitCode;
-  const [code] = (await once(run.child, 'exit')) as [number | null];
-  return code;
+  return (await endOf(run)).code;
 }
+
+/** How the process ended: its exit code, or the signal that killed it. */
+async function endOf(run: Run): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  const child = run.child;
+  if (child.exitCode === null && child.signalCode === null) await once(child, 'exit');
+  return { code: child.exitCode, signal: child.signalCode };
+}
+
+/** What Node prints when it aborts on a thread that still holds uWS's sockets. */
+const ABORTED = /Assertion failed|open handles|Native stack trace/;
 
 describe('lakefront command: bad configuration stops start-up with exit 2 and one line', () => {
   const cases: [string, string[], Record<string, string>, RegExp][] = [
@@ -115,6 +123,43 @@ describe('lakefront command: running', () => {
     await assert.rejects(call(`${url}/health`, { fresh: true }), 'no longer accepting');
     assert.ok(!run.output().includes('do-not-log-me'), 'the Authorization header never reaches the log');
     for (const n of nodes) n.behaviour = { kind: 'answer' };
+  });
+
+  it('a second SIGINT during the drain ends the process by that signal at once, not by an abort', async () => {
+    const run = start(['--port', '0', '--threads', '2', '--host', '127.0.0.1', '--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(',')]);
+    const [, url] = await waitForLine(run.child, /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+    for (const n of nodes) n.behaviour = { kind: 'hang' };
+    try {
+      // A request the drain would wait for: its worker keeps its uWS sockets open meanwhile.
+      const arrived = Promise.race(nodes.map((n) => once(n, 'request')));
+      const inflight = rpc(url!, 'board.append', 'second-signal').then(
+        (reply) => reply.status,
+        () => 'cut',
+      );
+      await arrived;
+      const draining = waitForLine(run.child, /SIGINT: draining/);
+      run.child.kill('SIGINT');
+      await draining;
+      run.child.kill('SIGINT');
+      assert.deepEqual(await endOf(run), { code: null, signal: 'SIGINT' });
+      assert.match(run.output(), /lakefront: second SIGINT: exiting without draining/);
+      assert.doesNotMatch(run.output(), ABORTED);
+      assert.equal(await inflight, 'cut', 'the in-flight request ends with the process');
+    } finally {
+      for (const n of nodes) n.behaviour = { kind: 'answer' };
+    }
+  });
+
+  it('a worker stuck in JavaScript makes stop() reject naming it after the drain deadline, and nothing aborts', async () => {
+    const fixture = fileURLToPath(new URL('./fixtures/stuck-worker.js', import.meta.url));
+    const child = spawn(process.execPath, [fixture], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let output = '';
+    child.stdout.on('data', (c: Buffer) => (output += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (output += c.toString()));
+    const run: Run = { child, output: () => output };
+    assert.deepEqual(await endOf(run), { code: null, signal: 'SIGKILL' }, output);
+    assert.match(output, /^rejected: worker thread 1 did not stop within 5100 ms of the drain \(stuck in JavaScript\?\); only the process's end can stop it$/m);
+    assert.doesNotMatch(output, ABORTED);
   });
 
   it('proxies through the undici transport when asked to', async () => {

@@ -76,5 +76,10 @@ port.on('message', (message: MainMessage) => {
         throw new Error('crash requested by the control plane (fault injection)');
       });
       break;
+    case 'hang': {
+      const until = Date.now() + message.ms;
+      while (Date.now() < until);
+      break;
+    }
   }
 });

@@ -42,7 +42,11 @@ export interface RouterServer {
   readonly url: string;
   readonly router: Router;
   readonly membership: Membership;
-  /** Stops the health-poll loop, then drains and closes the HTTP server. */
+  /**
+   * Stops the health-poll loop, then drains and closes the HTTP server. Rejects, naming it, if a
+   * worker thread has not ended `drainTimeoutMs` + 5 s later (stuck in JavaScript); see
+   * `FrontDoor.stop`.
+   */
   stop(): Promise<void>;
   /** @internal The control plane, for operators' tooling and tests. */
   readonly frontDoor: FrontDoor;

@@ -124,4 +124,6 @@ export type MainMessage =
   | { readonly t: 'collect'; readonly id: number }
   | { readonly t: 'drain' }
   /** Fault injection: throw an uncaught exception in the worker (tests, chaos drills). */
-  | { readonly t: 'crash' };
+  | { readonly t: 'crash' }
+  /** Fault injection: keep the worker's thread busy in JavaScript for `ms` (a stuck thread). */
+  | { readonly t: 'hang'; readonly ms: number };

@@ -52,6 +52,9 @@ export interface FrontDoorConfig {
 }
 
 const WORKER_URL = new URL('../../workers/data-plane.js', import.meta.url);
+
+/** How long past `drainTimeoutMs` a draining worker has to close its pools and end. */
+const STUCK_GRACE_MS = 5_000;
 /** How long the control plane waits for workers' histograms when answering `/stats`. */
 const COLLECT_TIMEOUT_MS = 1_000;
 /** Exit codes from workers/data-plane.ts. */
@@ -213,8 +216,24 @@ export class FrontDoor extends EventEmitter {
   }
 
   /**
+   * Fault injection: keeps worker `slot`'s thread busy in JavaScript for `ms` (a thread stuck in
+   * a loop, as a bug would leave it). Its event loop answers nothing meanwhile.
+   */
+  hangWorker(slot: number, ms: number): void {
+    const handle = this.workers.get(slot);
+    if (!handle) throw new RangeError(`no worker in slot ${slot}`);
+    this.post(handle.worker, { t: 'hang', ms });
+  }
+
+  /**
    * Stops accepting, lets in-flight requests finish (bounded by `drainTimeoutMs`), stops health
    * polling. Safe to call twice.
+   *
+   * Rejects, naming them, if worker threads have not ended `STUCK_GRACE_MS` after the drain
+   * deadline (a thread stuck in JavaScript never reads the drain message). They are left running:
+   * Node cannot end a thread that holds uWS sockets without aborting the whole process (as
+   * `worker.terminate()` and `process.exit()` both do), so only the process's death by a signal
+   * ends them cleanly. The command does that; a library caller decides.
    */
   stop(): Promise<void> {
     this.stopping ??= this.drainAll();
@@ -224,15 +243,17 @@ export class FrontDoor extends EventEmitter {
   private async drainAll(): Promise<void> {
     for (const membership of this.memberships) membership.stop();
     for (const probe of this.leaderProbes) probe?.stop();
+    const deadlineMs = this.config.settings.drainTimeoutMs + STUCK_GRACE_MS;
+    const stuck: number[] = [];
     const exits = [...this.workers.values()].map(
       (handle) =>
         new Promise<void>((resolve) => {
           const worker = handle.worker;
           if (worker.threadId < 0) return resolve();
           const grace = setTimeout(() => {
-            // The worker ignored the drain; terminating is the only way left.
-            void worker.terminate();
-          }, this.config.settings.drainTimeoutMs + 5_000);
+            stuck.push(handle.slot);
+            resolve();
+          }, deadlineMs);
           worker.once('exit', () => {
             clearTimeout(grace);
             resolve();
@@ -242,6 +263,12 @@ export class FrontDoor extends EventEmitter {
     );
     await Promise.all(exits);
     this.workers.clear();
+    if (stuck.length > 0) {
+      stuck.sort((a, b) => a - b);
+      throw new Error(
+        `worker thread${stuck.length > 1 ? 's' : ''} ${stuck.join(', ')} did not stop within ${deadlineMs} ms of the drain (stuck in JavaScript?); only the process's end can stop ${stuck.length > 1 ? 'them' : 'it'}`,
+      );
+    }
   }
 
   private publish(): void {
