@@ -335,6 +335,20 @@ describe('waiting for the hedge budget', () => {
     ex.answered(1, 200, null, body, 2);
     assert.equal(ex.servedBy, 1);
     assert.deepEqual(driver.tally, { hedges: 1, hedgeWins: 1, failovers: 0 });
+    assert.equal(driver.denied, 0, 'it got its hedge: none denied');
+  });
+
+  it('one that came due on the list and got no token is counted as denied when it leaves', () => {
+    const budget = spentBudget(50);
+    const driver = new BudgetDriver(budget, 0);
+    const ex = exchangeOver(driver, [3, 1, 2], true);
+    ex.begin();
+    budget.deposit(); // half a token: not enough
+    assert.equal(driver.denied, 0, 'still waiting: not denied yet');
+    ex.answered(0, 200, null, body, 40);
+    assert.equal(ex.hedged, false);
+    assert.equal(driver.denied, 1);
+    assert.equal(budget.waitingCount, 0);
   });
 
   it('is not hedged before its trigger, however many tokens come', () => {
@@ -349,6 +363,7 @@ describe('waiting for the hedge budget', () => {
     budget.deposit();
     assert.equal(budget.waitingCount, 0, 'answered: dropped from the list');
     assert.equal(driver.started.length, 1);
+    assert.equal(driver.denied, 0, 'answered before its trigger: no hedge was denied');
   });
 
   it('passes over answered requests and gives the token to the oldest one still waiting', () => {

@@ -140,17 +140,23 @@ export class HedgeBudget {
     waiter.waitSlot = at;
   }
 
-  /** `waiter` no longer waits (answered, cancelled, failed over, hedged): its slot is freed. */
-  drop(waiter: HedgeWaiter): void {
-    if (waiter.waitList !== this) return;
+  /**
+   * `waiter` no longer waits (answered, cancelled, failed over, hedged): its slot is freed.
+   * Returns when its hedge was due (0: at once), or -1 if it was not on the list.
+   */
+  drop(waiter: HedgeWaiter): number {
+    if (waiter.waitList !== this) return -1;
     const at = waiter.waitSlot;
+    let due = -1;
     if (this.waiting[at] === waiter) {
+      due = this.dueAt[at]!;
       this.waiting[at] = null;
       this.waitLive--;
       if (!this.serving) this.trimHead();
     }
     waiter.waitList = null;
     waiter.waitSlot = -1;
+    return due;
   }
 
   /**

@@ -260,9 +260,15 @@ export class Exchange implements HedgeWaiter {
     return this.hedgeEnabled && !this.done && !this.hedged && this.launched < this.count;
   }
 
-  /** Off the hedge budget's list (if on it): nothing to wait for any more, nothing kept alive. */
+  /**
+   * Off the hedge budget's list (if on it): nothing to wait for any more, nothing kept alive.
+   * One that came due there and got no token was denied a hedge: counted now. (A timer that fired
+   * into the spent budget was counted then; it waited due at once, 0.)
+   */
   private leaveWaitList(): void {
-    if (this.waitList !== null) this.waitList.drop(this);
+    if (this.waitList === null) return;
+    const dueAt = this.waitList.drop(this);
+    if (dueAt > 0 && !this.hedged && performance.now() >= dueAt) this.driver.counters.hedgeDenied();
   }
 
   private armHedge(): void {

@@ -20,8 +20,10 @@
  *  2              hedgeWins      requests answered by the hedge rather than the primary
  *  3              failovers      attempts started because an earlier one failed
  *  4              rejected       requests answered 4xx/503 by the front door itself
- *  5              hedgesDenied   hedge timers that fired into a spent hedge budget (the request
- *                                then waits for a token, and may still be hedged)
+ *  5              hedgesDenied   requests that came due for a hedge while the budget was spent:
+ *                                a hedge timer that fired into it (the request then waits for
+ *                                a token, and may still be hedged), or a request waiting since
+ *                                its start that came due and left unhedged
  *  6 .. 7         reserved
  *  8 + 4n + 0     node n: attempts started
  *  8 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
