@@ -76,6 +76,23 @@ function exchangeOver(driver: ScriptedDriver, nodes: number[], retryable: boolea
 
 const body = Buffer.from('ok');
 
+/**
+ * Mocked timers and a performance.now() that moves with them (the budget's due times are
+ * performance.now() times): `tick(ms)` advances both.
+ */
+function fakeClock(t: { mock: { timers: { enable(o: { apis: 'setTimeout'[] }): void; tick(ms: number): void }; method: (...a: never[]) => unknown } }): (ms: number) => void {
+  let now = 1_000;
+  t.mock.timers.enable({ apis: ['setTimeout'] });
+  (t.mock.method as unknown as (o: object, m: string, f: () => number) => void)(performance, 'now', () => now);
+  return (ms: number) => {
+    // A millisecond at a time, so each timer runs at its own time.
+    for (let i = 0; i < ms; i++) {
+      now += 1;
+      t.mock.timers.tick(1);
+    }
+  };
+}
+
 describe('Exchange', () => {
   it('answers 503 NO_HEALTHY_NODE with no candidate', () => {
     const driver = new ScriptedDriver();
@@ -132,19 +149,33 @@ describe('Exchange', () => {
     assert.deepEqual(driver.outcomes, [false], 'the budget hears the hedge lost');
   });
 
-  it('does not hedge when the hedge budget is spent', (t) => {
-    t.mock.timers.enable({ apis: ['setTimeout'] });
+  it('does not hedge when the hedge budget is spent: it waits for a token, due one trigger later', (t) => {
+    const tick = fakeClock(t);
     const driver = new ScriptedDriver(5);
     driver.budgetAllows = false;
     const ex = exchangeOver(driver, [0, 1], true);
     ex.begin();
-    t.mock.timers.tick(1_000);
+    const fired = performance.now() + 5;
+    tick(1_000);
     assert.equal(driver.started.length, 1);
-    assert.equal(driver.denied, 1);
     assert.equal(ex.hedged, false);
-    assert.deepEqual(driver.waits, [{ exchange: ex, dueAt: 0 }], 'it waits for a token, due at once');
+    assert.deepEqual(driver.waits, [{ exchange: ex, dueAt: fired + 5 }], 'due at twice its trigger');
+    assert.equal(driver.denied, 0, 'not denied yet: it may still get a token');
     ex.answered(0, 200, null, body, 900);
     assert.equal(ex.servedBy, 0);
+  });
+
+  it('with no list to wait on (the budget has shrunk), a hedge the budget refuses is denied at its trigger', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(5);
+    driver.budgetAllows = false;
+    driver.hedgeMayWait = () => false;
+    const ex = exchangeOver(driver, [0, 1], true);
+    ex.begin();
+    t.mock.timers.tick(5);
+    assert.equal(driver.denied, 1);
+    assert.deepEqual(driver.waits, []);
+    assert.equal(driver.started.length, 1);
   });
 
   it('arms no hedge while the budget holds no token', (t) => {
@@ -160,7 +191,7 @@ describe('Exchange', () => {
     assert.equal(ex.hedged, false);
     assert.equal(driver.waits.length, 1, 'it waits for a token instead');
     const { dueAt } = driver.waits[0]!;
-    assert.ok(dueAt >= before + 5 && dueAt <= performance.now() + 5, `due at its trigger: ${dueAt - before}`);
+    assert.ok(dueAt >= before + 10 && dueAt <= performance.now() + 10, `due at twice its trigger: ${dueAt - before}`);
     ex.answered(0, 200, null, body, 900);
     assert.deepEqual(driver.outcomes, []);
     assert.equal(ex.wantsHedge, false, 'answered: a token would be wasted on it');
@@ -386,19 +417,59 @@ describe('waiting for the hedge budget', () => {
     assert.equal(budget.waitingCount, 0);
   });
 
-  it('a hedge due while the budget was spent fires when a token comes', (t) => {
-    t.mock.timers.enable({ apis: ['setTimeout'] });
+  it('a hedge due while the budget was spent waits one trigger more, then fires on a token', (t) => {
+    const tick = fakeClock(t);
     const budget = new HedgeBudget(100, 1);
     const driver = new BudgetDriver(budget, 5);
     const ex = exchangeOver(driver, [0, 1], true);
     ex.begin();
     assert.equal(budget.spend(), true, 'another request spends the token meanwhile');
-    t.mock.timers.tick(5);
-    assert.equal(driver.denied, 1, 'the timer found the budget spent');
-    assert.equal(driver.started.length, 1);
+    tick(5);
+    assert.equal(driver.started.length, 1, 'the timer found the budget spent');
+    assert.equal(budget.waitingCount, 1);
     budget.deposit();
-    assert.equal(ex.hedged, true);
+    assert.equal(ex.hedged, false, 'a token, but the request is not due again before twice its trigger');
+    tick(4);
+    assert.equal(ex.hedged, false);
+    tick(1);
+    assert.equal(ex.hedged, true, 'due: the saved token hedges it, with no further deposit');
     assert.deepEqual(driver.started.map((s) => s.node), [0, 1]);
+    assert.equal(driver.denied, 0);
+  });
+
+  it('one answered between its trigger and twice it (merely slow) takes no token and is no denial', (t) => {
+    const tick = fakeClock(t);
+    const budget = spentBudget(100);
+    const driver = new BudgetDriver(budget, 5);
+    const slow = exchangeOver(driver, [0, 1], true);
+    slow.begin();
+    tick(7);
+    budget.deposit();
+    assert.equal(slow.hedged, false);
+    slow.answered(0, 200, null, body, 7);
+    assert.equal(budget.affordable, true, 'the token is still there for a stall');
+    assert.equal(driver.denied, 0);
+  });
+
+  it('keeps its last tokens for waiting requests: a hedge due at its trigger leaves the reserve, the list spends it', (t) => {
+    const tick = fakeClock(t);
+    const budget = new HedgeBudget(100, 5, 2);
+    for (let i = 0; i < 3; i++) assert.equal(budget.spend(), true, 'tokens above the reserve');
+    assert.equal(budget.spend(), false, 'two left: the reserve');
+    assert.equal(budget.affordable, false);
+    const driver = new BudgetDriver(budget, 5);
+    const waiter = exchangeOver(driver, [0, 1], true);
+    waiter.begin();
+    assert.equal(budget.waitingCount, 1, 'below the reserve: it waits rather than arming a timer');
+    tick(9);
+    assert.equal(waiter.hedged, false);
+    tick(1);
+    assert.equal(waiter.hedged, true, 'due at twice its trigger, the list spends a reserved token');
+    assert.equal(budget.spend(), false, 'one token left');
+    for (let i = 0; i < 200; i++) budget.outcome(false);
+    assert.equal(budget.waits, false, 'hedges losing: the budget has shrunk, nobody waits');
+    assert.equal(budget.spend(), true, 'and nothing is kept back: the last token goes');
+    assert.equal(budget.spend(), false);
   });
 
   it('fires one hedge for an exchange that waits twice', () => {
@@ -553,7 +624,7 @@ describe('waiting for the hedge budget', () => {
 
 describe('HedgeBudget', () => {
   it('allows a burst, then about one hedge per 1/percent requests', () => {
-    const budget = new HedgeBudget(10, 3);
+    const budget = new HedgeBudget(10, 3, 0);
     let allowed = 0;
     for (let i = 0; i < 5; i++) if (budget.spend()) allowed++;
     assert.equal(allowed, 3, 'the saved burst');

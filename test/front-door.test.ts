@@ -64,8 +64,9 @@ describe('front door: the hedge budget', () => {
     const deadline = new Promise<never>((_, reject) => (expired = reject));
     const timer = setTimeout(() => expired(new Error('the stalled reads were not all hedged within 3 s')), 3_000);
     try {
-      // Twelve reads stall on the same node: the ten saved tokens hedge ten of them; the other
-      // two find the budget spent when their triggers pass.
+      // Twelve reads stall on the same node. The ten saved tokens (and the twelve reads' own
+      // deposits) hedge most of them: at their trigger down to the reserve, at twice it from the
+      // reserve. The rest find the budget spent and wait for tokens.
       let answered = 0;
       let tenAnswered!: () => void;
       const ten = new Promise<void>((resolve) => (tenAnswered = resolve));

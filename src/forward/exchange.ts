@@ -23,7 +23,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import { ErrorCodes } from '../errors.js';
-import type { HedgeBudget, HedgeWaiter } from './budget.js';
+import { LOW_BUDGET_PATIENCE, type HedgeBudget, type HedgeWaiter } from './budget.js';
 
 export interface AttemptHandle {
   /** Stop the attempt; safe to call after it finished. */
@@ -33,7 +33,7 @@ export interface AttemptHandle {
 /** Counters an exchange bumps. Implementations decide where they live (shared memory, plain). */
 export interface ExchangeCounters {
   hedge(): void;
-  /** A hedge was due but the hedge budget was spent. */
+  /** A request came due for a hedge on the budget's waiting list and left it without one. */
   hedgeDenied(): void;
   hedgeWin(): void;
   failover(): void;
@@ -262,25 +262,25 @@ export class Exchange implements HedgeWaiter {
 
   /**
    * Off the hedge budget's list (if on it): nothing to wait for any more, nothing kept alive.
-   * One that came due there and got no token was denied a hedge: counted now. (A timer that fired
-   * into the spent budget was counted then; it waited due at once, 0.)
+   * One that came due there and got no token was denied a hedge: counted now.
    */
   private leaveWaitList(): void {
     if (this.waitList === null) return;
     const dueAt = this.waitList.drop(this);
-    if (dueAt > 0 && !this.hedged && performance.now() >= dueAt) this.driver.counters.hedgeDenied();
+    if (dueAt >= 0 && !this.hedged && performance.now() >= dueAt) this.driver.counters.hedgeDenied();
   }
 
   private armHedge(): void {
     if (!this.wantsHedge) return;
-    const node = this.candidates[this.launched - 1]!;
+    const delay = this.driver.hedgeDelayMs(this, this.candidates[this.launched - 1]!);
     // No token now: no timer (at saturation most would fire into a spent budget). The exchange
-    // waits for a token instead, and is hedged if one comes once it is due and still unanswered.
+    // waits for a token instead, due at twice its trigger (the budget is low: see budget.ts), and
+    // is hedged if one comes once it is due and still unanswered.
     if (!this.driver.hedgeAffordable()) {
-      if (this.driver.hedgeMayWait()) this.driver.hedgeWait(this, this.launchedAt + this.driver.hedgeDelayMs(this, node));
+      if (this.driver.hedgeMayWait()) this.driver.hedgeWait(this, this.launchedAt + (1 + LOW_BUDGET_PATIENCE) * delay);
       return;
     }
-    this.hedgeTimer = setTimeout(onHedgeTimer, this.driver.hedgeDelayMs(this, node), this);
+    this.hedgeTimer = setTimeout(onHedgeTimer, delay, this);
   }
 
   /** @internal the hedge timer fired */
@@ -295,8 +295,13 @@ export class Exchange implements HedgeWaiter {
     this.leaveWaitList();
     if (!this.wantsHedge) return;
     if (!this.driver.allowHedge()) {
-      this.driver.counters.hedgeDenied();
-      if (this.driver.hedgeMayWait()) this.driver.hedgeWait(this, 0);
+      // The budget is low: the hedge waits one trigger more for a token (see budget.ts). With no
+      // list to wait on (the budget has shrunk) it is denied now.
+      if (this.driver.hedgeMayWait()) {
+        this.driver.hedgeWait(this, performance.now() + LOW_BUDGET_PATIENCE * this.driver.hedgeDelayMs(this, this.candidates[this.launched - 1]!));
+      } else {
+        this.driver.counters.hedgeDenied();
+      }
       return;
     }
     this.hedged = true;

@@ -20,10 +20,9 @@
  *  2              hedgeWins      requests answered by the hedge rather than the primary
  *  3              failovers      attempts started because an earlier one failed
  *  4              rejected       requests answered 4xx/503 by the front door itself
- *  5              hedgesDenied   requests that came due for a hedge while the budget was spent:
- *                                a hedge timer that fired into it (the request then waits for
- *                                a token, and may still be hedged), or a request waiting since
- *                                its start that came due and left unhedged
+ *  5              hedgesDenied   requests that came due for a hedge and got none: they left the
+ *                                budget's waiting list unhedged after coming due there, or their
+ *                                trigger passed while the budget had shrunk (no list then)
  *  6 .. 7         reserved
  *  8 + 4n + 0     node n: attempts started
  *  8 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
