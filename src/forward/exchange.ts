@@ -33,7 +33,10 @@ export interface AttemptHandle {
 /** Counters an exchange bumps. Implementations decide where they live (shared memory, plain). */
 export interface ExchangeCounters {
   hedge(): void;
-  /** A request came due for a hedge on the budget's waiting list and left it without one. */
+  /**
+   * A request came due for a hedge and got none: it left the budget's waiting list unhedged after
+   * coming due there, or its trigger passed while the budget had shrunk (no list then).
+   */
   hedgeDenied(): void;
   hedgeWin(): void;
   failover(): void;
