@@ -11,6 +11,9 @@ import { FrontDoor } from './server/supervisor.js';
 /** Exit code for a configuration the operator must fix. */
 const EXIT_CONFIG = 2;
 
+/** How long `dieBy` waits for its own signal to end the process before it aborts. */
+const SIGNAL_WAIT_MS = 2_000;
+
 function fail(message: string, code: number): never {
   process.stderr.write(`lakefront: ${message}\n`);
   process.exit(code);
@@ -25,11 +28,16 @@ function fail(message: string, code: number): never {
  */
 function dieBy(signal: NodeJS.Signals, message: string): never {
   process.stderr.write(`lakefront: ${message}\n`);
-  process.removeAllListeners(signal);
-  process.kill(process.pid, signal);
-  // Delivery to this process is asynchronous: wait for it here rather than run on.
-  const cell = new Int32Array(new SharedArrayBuffer(4));
-  for (;;) Atomics.wait(cell, 0, 0, 1_000);
+  // As PID 1 (a container started without an init) the kernel drops a signal whose action is the
+  // default, even one a process sends itself: abort at once there, the one end left.
+  if (process.pid !== 1) {
+    process.removeAllListeners(signal);
+    process.kill(process.pid, signal);
+    // Delivery to this process is asynchronous: wait for it here rather than run on, but not for
+    // ever.
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, SIGNAL_WAIT_MS);
+  }
+  process.abort();
 }
 
 async function main(): Promise<void> {

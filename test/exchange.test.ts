@@ -26,7 +26,7 @@ class ScriptedDriver extends EventEmitter implements ExchangeDriver {
   denied = 0;
   /** What the hedge budget answers. */
   budgetAllows = true;
-  allowHedge(): boolean {
+  allowHedge(_fromList: boolean): boolean {
     return this.budgetAllows;
   }
   /** What the budget says before arming (a token is there). */
@@ -36,8 +36,9 @@ class ScriptedDriver extends EventEmitter implements ExchangeDriver {
   }
   /** Exchanges the driver was asked to keep waiting for a token, and when each was due. */
   readonly waits: { exchange: Exchange; dueAt: number }[] = [];
-  hedgeWait(exchange: Exchange, dueAt: number): void {
+  hedgeWait(exchange: Exchange, dueAt: number): boolean {
     this.waits.push({ exchange, dueAt });
+    return true;
   }
   hedgeMayWait(): boolean {
     return true;
@@ -325,15 +326,15 @@ class BudgetDriver extends ScriptedDriver {
   ) {
     super(delayMs);
   }
-  override allowHedge(): boolean {
-    return this.budget.spend();
+  override allowHedge(fromList: boolean): boolean {
+    return this.budget.spend(fromList);
   }
   override hedgeAffordable(): boolean {
     return this.budget.affordable;
   }
-  override hedgeWait(exchange: Exchange, dueAt: number): void {
+  override hedgeWait(exchange: Exchange, dueAt: number): boolean {
     super.hedgeWait(exchange, dueAt);
-    this.budget.wait(exchange, dueAt);
+    return this.budget.wait(exchange, dueAt);
   }
   override hedgeMayWait(): boolean {
     return this.budget.waits;
@@ -380,6 +381,36 @@ describe('waiting for the hedge budget', () => {
     assert.equal(ex.hedged, false);
     assert.equal(driver.denied, 1);
     assert.equal(budget.waitingCount, 0);
+  });
+
+  it('with the list full, a request arms its timer after all, and one its trigger finds no token for is denied', (t) => {
+    const tick = fakeClock(t);
+    const budget = spentBudget(5);
+    const fillers = Array.from({ length: WAIT_CAPACITY }, () => exchangeOver(new BudgetDriver(budget, 60_000), [0, 1], true));
+    for (const f of fillers) f.begin();
+    assert.equal(budget.waitingCount, WAIT_CAPACITY);
+    const driver = new BudgetDriver(budget, 5);
+    const ex = exchangeOver(driver, [0, 1], true);
+    ex.begin();
+    assert.equal(ex.waitList, null, 'not kept');
+    tick(5);
+    assert.equal(driver.started.length, 1, 'still no token at its trigger');
+    assert.equal(driver.denied, 1, 'and nowhere to wait: denied, not dropped silently');
+  });
+
+  it('counts a request denied once, however often it comes due without a token', (t) => {
+    const tick = fakeClock(t);
+    const budget = spentBudget(5);
+    const driver = new BudgetDriver(budget, 5);
+    const ex = exchangeOver(driver, [0, 1, 2], true);
+    ex.begin();
+    tick(20);
+    ex.failed(0, new Error('reset'));
+    assert.equal(driver.denied, 1, 'came due on the list, left it unhedged (failed over)');
+    assert.equal(budget.waitingCount, 1, 'the new primary waits for its own trigger');
+    tick(20);
+    ex.answered(1, 200, null, body, 20);
+    assert.equal(driver.denied, 1, 'the same request, counted once');
   });
 
   it('is not hedged before its trigger, however many tokens come', () => {
@@ -456,12 +487,15 @@ describe('waiting for the hedge budget', () => {
     const budget = new HedgeBudget(100, 5, 2);
     for (let i = 0; i < 3; i++) assert.equal(budget.spend(), true, 'tokens above the reserve');
     assert.equal(budget.spend(), false, 'two left: the reserve');
-    assert.equal(budget.affordable, false);
+    assert.equal(budget.affordable, true, 'a token is there: a hedge timer is worth arming');
     const driver = new BudgetDriver(budget, 5);
     const waiter = exchangeOver(driver, [0, 1], true);
     waiter.begin();
-    assert.equal(budget.waitingCount, 1, 'below the reserve: it waits rather than arming a timer');
-    tick(9);
+    assert.equal(budget.waitingCount, 0, 'a timer, not the list: the list holds only the due and the tokenless');
+    tick(5);
+    assert.equal(waiter.hedged, false, 'at its trigger only the reserve is left');
+    assert.equal(budget.waitingCount, 1, 'so it waits');
+    tick(4);
     assert.equal(waiter.hedged, false);
     tick(1);
     assert.equal(waiter.hedged, true, 'due at twice its trigger, the list spends a reserved token');
@@ -485,7 +519,8 @@ describe('waiting for the hedge budget', () => {
     assert.equal(budget.waitingCount, 0);
   });
 
-  it('keeps at most WAIT_CAPACITY requests waiting', () => {
+  it('keeps at most WAIT_CAPACITY requests waiting', (t) => {
+    fakeClock(t);
     const budget = spentBudget(5);
     const all: Exchange[] = [];
     for (let i = 0; i < WAIT_CAPACITY + 10; i++) {

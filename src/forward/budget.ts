@@ -22,7 +22,7 @@
  * to a tenth and recovers within a few dozen hedges once they start winning.
  *
  * A request that finds the budget spent is not simply left unhedged. It waits on a short list,
- * in arrival order, and each new token goes to the oldest waiting request past its hedge trigger.
+ * in arrival order, and each new token goes to the oldest waiting request that is due.
  * A request leaves the list the moment it no longer waits for that trigger (answered, cancelled,
  * failed over to another node), so a request that was merely slow is gone by then, and one that
  * is stalled (the tail hedging is for) gets the token. Without this, on a busy machine the
@@ -36,10 +36,11 @@
  * about 5% of requests, as much as the budget gives, so tokens ran short, and a request whose
  * trigger passed while a token happened to be there spent it at once, most often on a request that
  * was merely slow (it would have answered a millisecond later) while stalls waited. So while the
- * list is in use the last `reserve` tokens (4 of the 10) are kept for it: a hedge due at its
- * trigger spends only a token above them, and otherwise joins the list due one trigger later
+ * list is in use the last `reserve` tokens (4 of the 10) are kept for it: a hedge whose trigger
+ * passes spends only a token above them, and otherwise joins the list due one trigger later
  * (twice its trigger from its launch), by which time the merely slow have answered and left. The
- * list, oldest first, may spend down to the last token. Measured (bench/RESULTS.md, hedging):
+ * list, oldest first, may spend down to the last token. (A request that starts with no token at
+ * all arms no timer and waits from its start, due at twice its trigger as well.) Measured (bench/RESULTS.md, hedging):
  * p99.9 26.8 -> 6.3 ms (medians of five runs, builds side by side), 19 -> 7 ms over the 16-25
  * runs of the experiments before, for the same extra load.
  */
@@ -58,8 +59,8 @@ const RESERVE_SHARE = 0.4;
 export interface HedgeWaiter {
   /** Whether a hedge would still be of use (unanswered, not hedged, a candidate left). */
   readonly wantsHedge: boolean;
-  /** Fire the hedge now; it spends its token through the driver. */
-  fireHedge(): void;
+  /** Fire the hedge now; it spends its token through the driver (`fromList`: the list's token). */
+  fireHedge(fromList: boolean): void;
   /** The list it waits on, and its place there: the budget's bookkeeping, null / -1 when none. */
   waitList: HedgeBudget | null;
   waitSlot: number;
@@ -147,13 +148,13 @@ export class HedgeBudget {
   /**
    * The budget had no token for `waiter`'s hedge (above the reserve) when it was to be armed or
    * fired: it waits for a token, to be hedged at `dueAt` (performance.now() time; 0 for at once)
-   * or when a token comes after that. One entry per waiter (a new wait replaces its old one). Not
-   * kept when the list is full.
+   * or when a token comes after that. One entry per waiter (a new wait replaces its old one).
+   * Returns false, keeping nothing, when the list is full.
    */
-  wait(waiter: HedgeWaiter, dueAt: number): void {
+  wait(waiter: HedgeWaiter, dueAt: number): boolean {
     this.drop(waiter);
     if (this.waitSpan === WAIT_CAPACITY) {
-      if (this.waitLive > COMPACT_BELOW || this.serving) return;
+      if (this.waitLive > COMPACT_BELOW || this.serving) return false;
       this.compact();
     }
     const at = (this.waitHead + this.waitSpan) & WAIT_MASK;
@@ -166,6 +167,7 @@ export class HedgeBudget {
     // Tokens the list may spend are there already (the reserve): serve it when it comes due,
     // whether or not a request brings a deposit by then.
     if (this.tokens >= 1 && dueAt < this.dueTimerAt) this.armDueTimer(dueAt, performance.now());
+    return true;
   }
 
   /**
@@ -219,7 +221,7 @@ export class HedgeBudget {
         this.waitLive--;
         waiter.waitList = null;
         waiter.waitSlot = -1;
-        if (waiter.wantsHedge) waiter.fireHedge();
+        if (waiter.wantsHedge) waiter.fireHedge(true);
       }
     } finally {
       this.serving = false;
@@ -275,22 +277,19 @@ export class HedgeBudget {
     }
   }
 
-  /**
-   * The fewest tokens a hedge may spend from: 1 for a request the list is serving; for one due at
-   * its trigger, 1 more than the reserve while requests may wait (else 1: nobody is kept waiting).
-   */
-  private get floor(): number {
-    return this.serving || !this.waits ? 1 : 1 + this.reserve;
-  }
-
-  /** Whether a hedge due at its trigger could have a token now (nothing spent). */
+  /** Whether a token is there now (nothing spent): a hedge timer is worth arming. */
   get affordable(): boolean {
-    return this.tokens >= this.floor;
+    return this.tokens >= 1;
   }
 
-  /** Whether a hedge may fire now; spends a token if so. */
-  spend(): boolean {
-    if (this.tokens < this.floor) return false;
+  /**
+   * Whether a hedge may fire now; spends a token if so. One the list hands out (`fromList`) may
+   * take the last token; one due at its trigger leaves the reserve while requests may wait (else
+   * it too may take the last: nobody is kept waiting then).
+   */
+  spend(fromList = false): boolean {
+    const floor = fromList || !this.waits ? 1 : 1 + this.reserve;
+    if (this.tokens < floor) return false;
     this.tokens -= 1;
     return true;
   }

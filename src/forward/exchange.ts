@@ -7,7 +7,8 @@
  * - The primary is the head of the ranking.
  * - A retryable request hedges to the next candidate when the current primary has not answered by
  *   its hedge trigger (its own p95, or the configured delay) and the hedge budget allows (if the
- *   budget is spent then, the request waits for a token while it is unanswered: see budget.ts);
+ *   budget is low then, the request waits for a token, due at twice its trigger, while it is
+ *   unanswered: see budget.ts);
  *   the first good answer wins and every other attempt is cancelled.
  * - A retryable request fails over down the whole ranking when an attempt fails and no other
  *   attempt is still running; when every candidate has failed it settles as
@@ -45,22 +46,27 @@ export interface ExchangeCounters {
 export interface ExchangeDriver {
   /** Start one attempt of `exchange` at cluster node `node`; it reports through the exchange. */
   startAttempt(exchange: Exchange, node: number, ordinal: number): AttemptHandle;
-  /** Whether a hedge may fire now (the hedge budget); spends from it when it says yes. */
-  allowHedge(): boolean;
   /**
-   * The hedge budget was spent when `exchange`'s hedge was to be armed or to fire: keep it
-   * waiting for a token, due at `dueAt` (performance.now() time, 0 for now). The budget calls
-   * `fireHedge` when a token comes, if the exchange still wants a hedge then.
+   * Whether a hedge may fire now (the hedge budget); spends from it when it says yes. `fromList`:
+   * the budget's waiting list is handing the exchange a token (it may take the reserve).
    */
-  hedgeWait(exchange: Exchange, dueAt: number): void;
+  allowHedge(fromList: boolean): boolean;
+  /**
+   * The hedge budget had no token for `exchange`'s hedge when it was to be armed or to fire: keep
+   * it waiting for a token, due at `dueAt` (performance.now() time, 0 for now). The budget calls
+   * `fireHedge(true)` when a token comes, if the exchange still wants a hedge then. False when
+   * the list is full and nothing was kept.
+   */
+  hedgeWait(exchange: Exchange, dueAt: number): boolean;
   /**
    * Whether an exchange that finds the budget spent should wait for a token (`hedgeWait`): only
    * while hedges are paying off. At saturation they mostly lose, and waiting is work for nothing.
    */
   hedgeMayWait(): boolean;
   /**
-   * Whether the hedge budget holds a token now, without spending it: a hedge is armed only
-   * then (no timer for a hedge that could not fire; at saturation most could not).
+   * Whether the hedge budget holds a token now, without spending it: a hedge timer is armed only
+   * then, or when the waiting list is full (no timer for a hedge that could not fire; at
+   * saturation most could not).
    */
   hedgeAffordable(): boolean;
   /** A hedged exchange was answered: by the hedge (`won`) or by the attempt it raced. */
@@ -138,6 +144,8 @@ export class Exchange implements HedgeWaiter {
   waitList: HedgeBudget | null = null;
   /** @internal */
   waitSlot = -1;
+  /** Counted in hedgesDenied already: a request is counted once, however often it waits. */
+  private deniedCounted = false;
 
   private inflight = 0;
   /**
@@ -270,18 +278,25 @@ export class Exchange implements HedgeWaiter {
   private leaveWaitList(): void {
     if (this.waitList === null) return;
     const dueAt = this.waitList.drop(this);
-    if (dueAt >= 0 && !this.hedged && performance.now() >= dueAt) this.driver.counters.hedgeDenied();
+    if (dueAt >= 0 && performance.now() >= dueAt) this.countDenied();
+  }
+
+  private countDenied(): void {
+    if (this.deniedCounted) return;
+    this.deniedCounted = true;
+    this.driver.counters.hedgeDenied();
   }
 
   private armHedge(): void {
     if (!this.wantsHedge) return;
     const delay = this.driver.hedgeDelayMs(this, this.candidates[this.launched - 1]!);
-    // No token now: no timer (at saturation most would fire into a spent budget). The exchange
-    // waits for a token instead, due at twice its trigger (the budget is low: see budget.ts), and
-    // is hedged if one comes once it is due and still unanswered.
+    // No token at all now: no timer (at saturation most would fire into a spent budget). The
+    // exchange waits for a token instead, due at twice its trigger (the budget is low: see
+    // budget.ts), and is hedged if one comes once it is due and still unanswered. A full list
+    // keeps nothing: then the timer is armed after all, to try the budget again at the trigger.
     if (!this.driver.hedgeAffordable()) {
-      if (this.driver.hedgeMayWait()) this.driver.hedgeWait(this, this.launchedAt + (1 + LOW_BUDGET_PATIENCE) * delay);
-      return;
+      if (!this.driver.hedgeMayWait()) return;
+      if (this.driver.hedgeWait(this, this.launchedAt + (1 + LOW_BUDGET_PATIENCE) * delay)) return;
     }
     this.hedgeTimer = setTimeout(onHedgeTimer, delay, this);
   }
@@ -289,21 +304,23 @@ export class Exchange implements HedgeWaiter {
   /** @internal the hedge timer fired */
   onHedgeTimer(): void {
     this.hedgeTimer = null;
-    this.fireHedge();
+    this.fireHedge(false);
   }
 
-  /** Hedge now if the budget allows (the timer, or the budget handing a waiting exchange a token). */
-  fireHedge(): void {
+  /**
+   * Hedge now if the budget allows: the timer at the trigger, or the budget's list handing a
+   * waiting exchange a token (`fromList`).
+   */
+  fireHedge(fromList: boolean): void {
     this.clearHedge();
     this.leaveWaitList();
     if (!this.wantsHedge) return;
-    if (!this.driver.allowHedge()) {
+    if (!this.driver.allowHedge(fromList)) {
       // The budget is low: the hedge waits one trigger more for a token (see budget.ts). With no
-      // list to wait on (the budget has shrunk) it is denied now.
-      if (this.driver.hedgeMayWait()) {
-        this.driver.hedgeWait(this, performance.now() + LOW_BUDGET_PATIENCE * this.driver.hedgeDelayMs(this, this.candidates[this.launched - 1]!));
-      } else {
-        this.driver.counters.hedgeDenied();
+      // list to wait on (the budget has shrunk, or the list is full) it is denied now.
+      const node = this.candidates[this.launched - 1]!;
+      if (!this.driver.hedgeMayWait() || !this.driver.hedgeWait(this, performance.now() + LOW_BUDGET_PATIENCE * this.driver.hedgeDelayMs(this, node))) {
+        this.countDenied();
       }
       return;
     }

@@ -152,7 +152,7 @@ export class Router {
     };
     return {
       counters,
-      allowHedge: () => router.budget.spend(),
+      allowHedge: (fromList: boolean) => router.budget.spend(fromList),
       hedgeAffordable: () => router.budget.affordable,
       hedgeWait: (exchange: Exchange, dueAt: number) => router.budget.wait(exchange, dueAt),
       hedgeMayWait: () => router.budget.waits,

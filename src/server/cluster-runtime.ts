@@ -138,16 +138,16 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
 
   // --- ExchangeDriver ---
 
-  allowHedge(): boolean {
-    return this.hedgeBudget.spend();
+  allowHedge(fromList: boolean): boolean {
+    return this.hedgeBudget.spend(fromList);
   }
 
   hedgeAffordable(): boolean {
     return this.hedgeBudget.affordable;
   }
 
-  hedgeWait(exchange: Exchange, dueAt: number): void {
-    this.hedgeBudget.wait(exchange, dueAt);
+  hedgeWait(exchange: Exchange, dueAt: number): boolean {
+    return this.hedgeBudget.wait(exchange, dueAt);
   }
 
   hedgeMayWait(): boolean {
