@@ -30,10 +30,12 @@ for (const [script, args] of parts) {
     continue;
   }
   process.stdout.write(`\n=== ${script} ${args.join(' ')}\n`);
+  const partStarted = Date.now();
   const result = spawnSync(process.execPath, [join(DIST, script), ...args], { stdio: 'inherit' });
   if (result.status !== 0) {
     process.stderr.write(`${script} failed with ${result.status ?? result.signal}\n`);
     process.exit(1);
   }
+  process.stdout.write(`=== ${script}: ${((Date.now() - partStarted) / 1000).toFixed(0)} s\n`);
 }
 process.stdout.write(`\nbench finished in ${((Date.now() - started) / 1000).toFixed(0)} s; see bench/RESULTS.md\n`);
