@@ -4,6 +4,7 @@
  * cluster when none are configured.
  */
 import { readFileSync } from 'node:fs';
+import { constants } from 'node:os';
 import { Command, helpText, parseCommand } from './config/config.js';
 import { startDemoCluster, type DemoCluster } from './demo.js';
 import { FrontDoor } from './server/supervisor.js';
@@ -11,8 +12,11 @@ import { FrontDoor } from './server/supervisor.js';
 /** Exit code for a configuration the operator must fix. */
 const EXIT_CONFIG = 2;
 
-/** How long `dieBy` waits for its own signal to end the process before it aborts. */
+/** How long `endBy` waits for its own signal to end the process before it aborts. */
 const SIGNAL_WAIT_MS = 2_000;
+
+/** How long a second signal waits for the worker threads to close their sockets and end. */
+const CLOSE_NOW_MS = 1_000;
 
 function fail(message: string, code: number): never {
   process.stderr.write(`lakefront: ${message}\n`);
@@ -20,16 +24,16 @@ function fail(message: string, code: number): never {
 }
 
 /**
- * Ends the process now, by `signal`'s default action, after one line saying why. Not
- * `process.exit`: on exit Node tears down every worker thread, and tearing down one that still
- * holds uWS sockets (mid-drain, or stuck) aborts the process with an assertion and a core dump.
- * Death by the signal the operator sent is what an unhandled signal would have done; the kernel
- * closes every socket.
+ * Ends the process now, by `signal`'s default action. Not `process.exit` while a worker thread
+ * may still hold uWS sockets (`workersGone` false: mid-drain, or stuck): on exit Node tears every
+ * worker thread down, and tearing down one that holds them aborts the process with an assertion
+ * and a core dump. Death by the signal the operator sent is what an unhandled signal would have
+ * done; the kernel closes every socket.
  */
-function dieBy(signal: NodeJS.Signals, message: string): never {
-  process.stderr.write(`lakefront: ${message}\n`);
+function endBy(signal: NodeJS.Signals, workersGone: boolean): never {
   // As PID 1 (a container started without an init) the kernel drops a signal whose action is the
-  // default, even one a process sends itself: abort at once there, the one end left.
+  // default, even one a process sends itself: there only an exit (once the workers are gone) or
+  // an abort ends it.
   if (process.pid !== 1) {
     process.removeAllListeners(signal);
     process.kill(process.pid, signal);
@@ -37,6 +41,7 @@ function dieBy(signal: NodeJS.Signals, message: string): never {
     // ever.
     Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, SIGNAL_WAIT_MS);
   }
+  if (workersGone) process.exit(128 + (constants.signals[signal] ?? 0));
   process.abort();
 }
 
@@ -88,14 +93,24 @@ async function main(): Promise<void> {
 
   let signals = 0;
   const shutdown = (signal: NodeJS.Signals): void => {
-    if (++signals > 1) dieBy(signal, `second ${signal}: exiting without draining`);
+    if (++signals > 2) endBy(signal, false);
+    if (signals === 2) {
+      process.stderr.write(`lakefront: second ${signal}: exiting without draining\n`);
+      door.closeNow(CLOSE_NOW_MS).then((gone) => endBy(signal, gone));
+      return;
+    }
     process.stdout.write(`lakefront: ${signal}: draining\n`);
+    // Once a second signal came, the end is its business (the drain ends as its workers do).
     door
       .stop()
       .then(() => demo?.close())
       .then(
-        () => process.exit(0),
-        (err: Error) => dieBy(signal, err.message),
+        () => signals === 1 && process.exit(0),
+        (err: Error) => {
+          if (signals > 1) return;
+          process.stderr.write(`lakefront: ${err.message}\n`);
+          endBy(signal, false);
+        },
       );
   };
   process.on('SIGTERM', () => shutdown('SIGTERM'));

@@ -162,6 +162,18 @@ describe('lakefront command: running', () => {
     assert.doesNotMatch(output, ABORTED);
   });
 
+  it('closeNow closes every worker\'s sockets and ends them, so the process can exit cleanly', async () => {
+    const fixture = fileURLToPath(new URL('./fixtures/close-now.js', import.meta.url));
+    const child = spawn(process.execPath, [fixture], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let output = '';
+    child.stdout.on('data', (c: Buffer) => (output += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (output += c.toString()));
+    const run: Run = { child, output: () => output };
+    assert.deepEqual(await endOf(run), { code: 0, signal: null }, output);
+    assert.match(output, /^closed: true; in-flight request: cut$/m);
+    assert.doesNotMatch(output, ABORTED);
+  });
+
   it('proxies through the undici transport when asked to', async () => {
     const run = start(['--port', '0', '--threads', '1', '--host', '127.0.0.1', '--upstream-client', 'undici', '--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(',')]);
     try {

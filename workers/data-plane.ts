@@ -71,6 +71,10 @@ port.on('message', (message: MainMessage) => {
         });
       }, die);
       break;
+    case 'close-now':
+      running.emergencyClose();
+      process.exit(0);
+      break;
     case 'crash':
       setImmediate(() => {
         throw new Error('crash requested by the control plane (fault injection)');

@@ -123,6 +123,8 @@ export type MainMessage =
   | { readonly t: 'stats-reply'; readonly id: number; readonly body: string }
   | { readonly t: 'collect'; readonly id: number }
   | { readonly t: 'drain' }
+  /** Close every socket now (in-flight requests are cut) and end the thread. */
+  | { readonly t: 'close-now' }
   /** Fault injection: throw an uncaught exception in the worker (tests, chaos drills). */
   | { readonly t: 'crash' }
   /** Fault injection: keep the worker's thread busy in JavaScript for `ms` (a stuck thread). */

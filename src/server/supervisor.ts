@@ -6,7 +6,7 @@
  * one that dies while the others keep serving, answers their `/stats` requests by merging every
  * worker's histograms, and drains them on stop.
  */
-import { EventEmitter } from 'node:events';
+import { EventEmitter, once } from 'node:events';
 import { createServer } from 'node:net';
 import { Worker } from 'node:worker_threads';
 import { Membership, type MemberConfig } from '../membership/membership.js';
@@ -238,6 +238,27 @@ export class FrontDoor extends EventEmitter {
   stop(): Promise<void> {
     this.stopping ??= this.drainAll();
     return this.stopping;
+  }
+
+  /**
+   * Stops without draining: every worker closes its sockets at once (in-flight requests are cut)
+   * and ends. Resolves true once every worker has ended, so the process may exit (nothing holds
+   * uWS sockets then), false if some have not within `timeoutMs` (stuck in JavaScript). Starts
+   * `stop()` too, if it was not running, for the rest of the shutdown.
+   */
+  async closeNow(timeoutMs: number): Promise<boolean> {
+    const alive = [...this.workers.values()].map((h) => h.worker).filter((w) => w.threadId >= 0);
+    // The caller of stop() (if any) sees its outcome; this one only wants the workers gone.
+    this.stop().catch(() => undefined);
+    const exited = Promise.all(alive.map((w) => once(w, 'exit')));
+    for (const worker of alive) this.post(worker, { t: 'close-now' });
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<boolean>((resolve) => (timer = setTimeout(resolve, timeoutMs, false)));
+    try {
+      return await Promise.race([exited.then(() => true), late]);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   private async drainAll(): Promise<void> {
