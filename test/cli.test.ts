@@ -18,7 +18,16 @@ interface Run {
 }
 
 function start(args: string[], env: Record<string, string> = {}): Run {
-  const child = spawn(process.execPath, [CLI, ...args], {
+  return startScript(CLI, args, env);
+}
+
+/** A script from test/fixtures, run as its own process. */
+function startFixture(name: string): Run {
+  return startScript(fileURLToPath(new URL(`./fixtures/${name}`, import.meta.url)), []);
+}
+
+function startScript(script: string, args: string[], env: Record<string, string> = {}): Run {
+  const child = spawn(process.execPath, [script, ...args], {
     env: { PATH: process.env.PATH ?? '', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -151,25 +160,17 @@ describe('lakefront command: running', () => {
   });
 
   it('a worker stuck in JavaScript makes stop() reject naming it after the drain deadline, and nothing aborts', async () => {
-    const fixture = fileURLToPath(new URL('./fixtures/stuck-worker.js', import.meta.url));
-    const child = spawn(process.execPath, [fixture], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let output = '';
-    child.stdout.on('data', (c: Buffer) => (output += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (output += c.toString()));
-    const run: Run = { child, output: () => output };
-    assert.deepEqual(await endOf(run), { code: null, signal: 'SIGKILL' }, output);
+    const run = startFixture('stuck-worker.js');
+    assert.deepEqual(await endOf(run), { code: null, signal: 'SIGKILL' }, run.output());
+    const output = run.output();
     assert.match(output, /^rejected: worker thread 1 did not stop within 5100 ms of the drain \(stuck in JavaScript\?\); only the process's end can stop it$/m);
     assert.doesNotMatch(output, ABORTED);
   });
 
   it('closeNow closes every worker\'s sockets and ends them, so the process can exit cleanly', async () => {
-    const fixture = fileURLToPath(new URL('./fixtures/close-now.js', import.meta.url));
-    const child = spawn(process.execPath, [fixture], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let output = '';
-    child.stdout.on('data', (c: Buffer) => (output += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (output += c.toString()));
-    const run: Run = { child, output: () => output };
-    assert.deepEqual(await endOf(run), { code: 0, signal: null }, output);
+    const run = startFixture('close-now.js');
+    assert.deepEqual(await endOf(run), { code: 0, signal: null }, run.output());
+    const output = run.output();
     assert.match(output, /^closed: true; in-flight request: cut$/m);
     assert.doesNotMatch(output, ABORTED);
   });
