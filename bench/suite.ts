@@ -132,8 +132,9 @@ function report(results: Record<string, Record<string, Sample[]>>, contenders: C
       const p99 = median(samples.map((s) => s.p99Us));
       const p999 = median(samples.map((s) => s.p999Us));
       const cpu = median(samples.map((s) => s.cpuUsPerRequest));
+      const [cpuLo, cpuHi] = spread(samples.map((s) => s.cpuUsPerRequest));
       const failures = samples.reduce((s, x) => s + x.non2xx + x.errors + x.timeouts, 0);
-      summary[key]![c.name] = { rps, rpsMin: lo, rpsMax: hi, p50Us: p50, p99Us: p99, p999Us: p999, cpuUsPerRequest: cpu, failures, runs: samples.map((s) => Math.round(s.rps)) };
+      summary[key]![c.name] = { rps, rpsMin: lo, rpsMax: hi, p50Us: p50, p99Us: p99, p999Us: p999, cpuUsPerRequest: cpu, failures, runs: samples.map((s) => Math.round(s.rps)), cpuRuns: samples.map((s) => Math.round(s.cpuUsPerRequest * 10) / 10) };
       series.push({ label: c.name, rps, p50Us: p50, p99Us: p99, p999Us: p999 });
       rows.push([
         c.name,
@@ -144,12 +145,12 @@ function report(results: Record<string, Record<string, Sample[]>>, contenders: C
         fmt(p50),
         fmt(p99),
         fmt(p999),
-        fmt(cpu, 1),
+        Number.isFinite(cpu) ? `${fmt(cpu, 1)} (${fmt(cpuLo, 1)}-${fmt(cpuHi, 1)})` : fmt(cpu, 1),
         String(failures),
       ]);
     }
     groups.push({ title: key, series });
-    lines.push(`#### ${key}`, '', table(['contender', 'req/s (median)', 'spread', 'vs nginx-2w', 'vs node-proxy', 'p50 us', 'p99 us', 'p99.9 us', 'CPU us/req', 'failed'], rows), '');
+    lines.push(`#### ${key}`, '', table(['contender', 'req/s (median)', 'spread', 'vs nginx-2w', 'vs node-proxy', 'p50 us', 'p99 us', 'p99.9 us', 'CPU us/req (spread)', 'failed'], rows), '');
   }
   const out = {
     machine: info,
