@@ -93,10 +93,20 @@ async function main(): Promise<void> {
 
   let signals = 0;
   const shutdown = (signal: NodeJS.Signals): void => {
-    if (++signals > 2) endBy(signal, false);
+    if (++signals > 2) {
+      // The close is bounded and ends the process. As PID 1 this signal could only abort it.
+      if (process.pid !== 1) endBy(signal, false);
+      return;
+    }
     if (signals === 2) {
       process.stderr.write(`lakefront: second ${signal}: exiting without draining\n`);
-      door.closeNow(CLOSE_NOW_MS).then((gone) => endBy(signal, gone));
+      door
+        .closeNow(CLOSE_NOW_MS)
+        .catch(() => [-1])
+        .then((stuck) => {
+          if (stuck.length > 0) process.stderr.write(`lakefront: worker thread(s) ${stuck.join(', ')} did not end within ${CLOSE_NOW_MS} ms (stuck in JavaScript?)\n`);
+          endBy(signal, stuck.length === 0);
+        });
       return;
     }
     process.stdout.write(`lakefront: ${signal}: draining\n`);
@@ -107,9 +117,8 @@ async function main(): Promise<void> {
       .then(
         () => signals === 1 && process.exit(0),
         (err: Error) => {
-          if (signals > 1) return;
           process.stderr.write(`lakefront: ${err.message}\n`);
-          endBy(signal, false);
+          if (signals === 1) endBy(signal, false);
         },
       );
   };

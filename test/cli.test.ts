@@ -164,6 +164,7 @@ describe('lakefront command: running', () => {
     assert.deepEqual(await endOf(run), { code: null, signal: 'SIGKILL' }, run.output());
     const output = run.output();
     assert.match(output, /^rejected: worker thread 1 did not stop within 5100 ms of the drain \(stuck in JavaScript\?\); only the process's end can stop it$/m);
+    assert.match(output, /^listed: \[1\]; not ended by closeNow: \[1\]$/m);
     assert.doesNotMatch(output, ABORTED);
   });
 
@@ -171,7 +172,7 @@ describe('lakefront command: running', () => {
     const run = startFixture('close-now.js');
     assert.deepEqual(await endOf(run), { code: 0, signal: null }, run.output());
     const output = run.output();
-    assert.match(output, /^closed: true; in-flight request: cut$/m);
+    assert.match(output, /^not ended: \[\]; in-flight request: cut; in flight at the node: 0$/m);
     assert.doesNotMatch(output, ABORTED);
   });
 

@@ -6,7 +6,7 @@
  * one that dies while the others keep serving, answers their `/stats` requests by merging every
  * worker's histograms, and drains them on stop.
  */
-import { EventEmitter, once } from 'node:events';
+import { EventEmitter } from 'node:events';
 import { createServer } from 'node:net';
 import { Worker } from 'node:worker_threads';
 import { Membership, type MemberConfig } from '../membership/membership.js';
@@ -242,23 +242,25 @@ export class FrontDoor extends EventEmitter {
 
   /**
    * Stops without draining: every worker closes its sockets at once (in-flight requests are cut)
-   * and ends. Resolves true once every worker has ended, so the process may exit (nothing holds
-   * uWS sockets then), false if some have not within `timeoutMs` (stuck in JavaScript). Starts
-   * `stop()` too, if it was not running, for the rest of the shutdown.
+   * and ends. Resolves with the slots of the workers that have not ended within `timeoutMs` (stuck
+   * in JavaScript); empty once every one has, and then the process may exit (nothing holds uWS
+   * sockets). Starts `stop()` too, if it was not running, for the rest of the shutdown.
    */
-  async closeNow(timeoutMs: number): Promise<boolean> {
-    const alive = [...this.workers.values()].map((h) => h.worker).filter((w) => w.threadId >= 0);
+  async closeNow(timeoutMs: number): Promise<number[]> {
+    const alive = [...this.workers.values()].filter((h) => h.worker.threadId >= 0);
     // The caller of stop() (if any) sees its outcome; this one only wants the workers gone.
     this.stop().catch(() => undefined);
-    const exited = Promise.all(alive.map((w) => once(w, 'exit')));
-    for (const worker of alive) this.post(worker, { t: 'close-now' });
+    // Not events.once: it rejects on an 'error' event, and an erroring worker still ends.
+    const exited = Promise.all(alive.map((h) => new Promise((resolve) => h.worker.once('exit', resolve))));
+    for (const handle of alive) this.post(handle.worker, { t: 'close-now' });
     let timer: NodeJS.Timeout | undefined;
-    const late = new Promise<boolean>((resolve) => (timer = setTimeout(resolve, timeoutMs, false)));
+    const late = new Promise<void>((resolve) => (timer = setTimeout(resolve, timeoutMs)));
     try {
-      return await Promise.race([exited.then(() => true), late]);
+      await Promise.race([exited, late]);
     } finally {
       clearTimeout(timer);
     }
+    return alive.filter((h) => h.worker.threadId >= 0).map((h) => h.slot).sort((a, b) => a - b);
   }
 
   private async drainAll(): Promise<void> {
@@ -283,7 +285,8 @@ export class FrontDoor extends EventEmitter {
         }),
     );
     await Promise.all(exits);
-    this.workers.clear();
+    // A stuck worker stays listed: it still runs, and holds its sockets.
+    for (const [slot, handle] of this.workers) if (handle.worker.threadId < 0) this.workers.delete(slot);
     if (stuck.length > 0) {
       stuck.sort((a, b) => a - b);
       throw new Error(
@@ -374,10 +377,12 @@ export class FrontDoor extends EventEmitter {
     for (const collection of this.collections.values()) {
       if (collection.waiting.delete(handle.slot) && collection.waiting.size === 0) collection.done();
     }
+    // Attempts it had in flight end with it (a worker cut short by closeNow or a crash cannot
+    // count them down itself).
+    new CounterSlot(this.counters, handle.slot, this.nodes.length).resetInflight(this.nodes.length);
     if (this.stopping) return;
     this.emit('worker-exit', handle.slot, code);
     if (code === EXIT_CONFIG) return; // it could not start at all: respawning would loop
-    new CounterSlot(this.counters, handle.slot, this.nodes.length).resetInflight(this.nodes.length);
     const now = Date.now();
     handle.deaths = handle.deaths.filter((t) => now - t < 10_000);
     handle.deaths.push(now);
@@ -428,7 +433,8 @@ export class FrontDoor extends EventEmitter {
   private collect(): Promise<(string | null)[][]> {
     const id = this.nextCollectionId++;
     const encoded: (string | null)[][] = [];
-    const waiting = new Set(this.workers.keys());
+    // Only running workers answer (one that has ended may still be listed for a moment).
+    const waiting = new Set([...this.workers].filter(([, h]) => h.worker.threadId >= 0).map(([slot]) => slot));
     if (waiting.size === 0) return Promise.resolve(encoded);
     return new Promise((resolve) => {
       const timer = setTimeout(() => finish(), COLLECT_TIMEOUT_MS);
