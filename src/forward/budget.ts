@@ -40,9 +40,10 @@
  * passes spends only a token above them, and otherwise joins the list due one trigger later
  * (twice its trigger from its launch), by which time the merely slow have answered and left. The
  * list, oldest first, may spend down to the last token. (A request that starts with no token at
- * all arms no timer and waits from its start, due at twice its trigger as well.) Measured (bench/RESULTS.md, hedging):
- * p99.9 median 10.8 -> 6.5 ms over ten runs of each build side by side, runs at 26 ms or more
- * 4 -> 1, for the same extra load (19 -> 7 ms over the 16-25 runs of the experiments before).
+ * all arms no timer and waits from its start, due at twice its trigger as well.) Measured
+ * (bench/RESULTS.md, hedging): p99.9 median 10.8 -> 6.5 ms over ten runs of each build side by
+ * side, runs at 26 ms or more 4 -> 1, for the same extra load (19 -> 7 ms over the 16-25 runs of
+ * the experiments before).
  */
 import { performance } from 'node:perf_hooks';
 

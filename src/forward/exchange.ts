@@ -35,8 +35,9 @@ export interface AttemptHandle {
 export interface ExchangeCounters {
   hedge(): void;
   /**
-   * A request came due for a hedge and got none: it left the budget's waiting list unhedged after
-   * coming due there, or its trigger passed while the budget had shrunk (no list then).
+   * A request came due for a hedge and got none (once a request): it left the budget's waiting
+   * list unhedged after coming due there, or its hedge timer found no token and it could not wait
+   * (the budget had shrunk, or the list was full).
    */
   hedgeDenied(): void;
   hedgeWin(): void;

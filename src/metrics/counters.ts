@@ -22,7 +22,8 @@
  *  4              rejected       requests answered 4xx/503 by the front door itself
  *  5              hedgesDenied   requests that came due for a hedge and got none: they left the
  *                                budget's waiting list unhedged after coming due there, or their
- *                                trigger passed while the budget had shrunk (no list then)
+ *                                hedge timer found no token and they could not wait (the budget
+ *                                had shrunk, or the list was full)
  *  6 .. 7         reserved
  *  8 + 4n + 0     node n: attempts started
  *  8 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)

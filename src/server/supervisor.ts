@@ -210,9 +210,7 @@ export class FrontDoor extends EventEmitter {
 
   /** Fault injection: makes worker `slot` throw an uncaught exception. It is then replaced. */
   crashWorker(slot: number): void {
-    const handle = this.workers.get(slot);
-    if (!handle) throw new RangeError(`no worker in slot ${slot}`);
-    this.post(handle.worker, { t: 'crash' });
+    this.post(this.handleOf(slot).worker, { t: 'crash' });
   }
 
   /**
@@ -220,9 +218,21 @@ export class FrontDoor extends EventEmitter {
    * a loop, as a bug would leave it). Its event loop answers nothing meanwhile.
    */
   hangWorker(slot: number, ms: number): void {
+    this.post(this.handleOf(slot).worker, { t: 'hang', ms });
+  }
+
+  private handleOf(slot: number): WorkerHandle {
     const handle = this.workers.get(slot);
     if (!handle) throw new RangeError(`no worker in slot ${slot}`);
-    this.post(handle.worker, { t: 'hang', ms });
+    return handle;
+  }
+
+  /**
+   * The workers whose threads still run. One that has ended may stay listed for a moment (until
+   * its exit is handled, or a drain finishes).
+   */
+  private running(): WorkerHandle[] {
+    return [...this.workers.values()].filter((h) => h.worker.threadId >= 0);
   }
 
   /**
@@ -247,7 +257,7 @@ export class FrontDoor extends EventEmitter {
    * sockets). Starts `stop()` too, if it was not running, for the rest of the shutdown.
    */
   async closeNow(timeoutMs: number): Promise<number[]> {
-    const alive = [...this.workers.values()].filter((h) => h.worker.threadId >= 0);
+    const alive = this.running();
     // The caller of stop() (if any) sees its outcome; this one only wants the workers gone.
     this.stop().catch(() => undefined);
     // Not events.once: it rejects on an 'error' event, and an erroring worker still ends.
@@ -433,8 +443,7 @@ export class FrontDoor extends EventEmitter {
   private collect(): Promise<(string | null)[][]> {
     const id = this.nextCollectionId++;
     const encoded: (string | null)[][] = [];
-    // Only running workers answer (one that has ended may still be listed for a moment).
-    const waiting = new Set([...this.workers].filter(([, h]) => h.worker.threadId >= 0).map(([slot]) => slot));
+    const waiting = new Set(this.running().map((h) => h.slot));
     if (waiting.size === 0) return Promise.resolve(encoded);
     return new Promise((resolve) => {
       const timer = setTimeout(() => finish(), COLLECT_TIMEOUT_MS);
