@@ -154,6 +154,23 @@ describe('front door: HTTP surface', () => {
     assert.equal((await call(`${server.url}/route`)).status, 400);
   });
 
+  it('keeps capacity apart from health: a healthy node at capacity 0 leaves the rankings, not /health', async () => {
+    server.membership.setCapacity('node-a', 0);
+    try {
+      const info = (await call(`${server.url}/route?board=b-1`)).json<{ ranking: { id: string }[]; healthy: string[] }>();
+      assert.deepEqual(info.ranking.map((r) => r.id).sort(), ['node-b', 'node-c']);
+      assert.deepEqual(info.healthy, ['node-a', 'node-b', 'node-c']);
+      const health = (await call(`${server.url}/health`)).json<{ healthy: string[] }>();
+      assert.deepEqual(health.healthy, ['node-a', 'node-b', 'node-c']);
+      const stats = (await call(`${server.url}/stats`)).json<{ healthy: string[] }>();
+      assert.deepEqual(stats.healthy, health.healthy, '/stats and /health agree');
+    } finally {
+      server.membership.setCapacity('node-a', 1);
+    }
+    const info = (await call(`${server.url}/route?board=b-1`)).json<{ ranking: { id: string }[] }>();
+    assert.deepEqual(info.ranking.map((r) => r.id).sort(), ['node-a', 'node-b', 'node-c']);
+  });
+
   it('proxies to the board\'s native node and passes status, content type, headers and body through', async () => {
     const [native] = await ranking(server.url, 'board-7');
     byId(nodes, native!).behaviour = {

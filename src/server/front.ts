@@ -19,7 +19,7 @@ import { Exchange } from '../forward/exchange.js';
 import type { HeaderFields } from '../forward/fields.js';
 import { H1Agent, sweepPeriodMs } from '../forward/h1.js';
 import { UpstreamRequest } from '../forward/upstream.js';
-import { TableReader, type NodeRow } from '../membership/table.js';
+import { FLAG_HEALTHY, TableReader, type NodeRow } from '../membership/table.js';
 import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
 import { NodeHistograms } from '../metrics/histograms.js';
 import type { Policy } from '../policies/types.js';
@@ -374,9 +374,15 @@ export class WorkerFront {
     });
   }
 
+  /**
+   * Members whose health check passes, as `/stats` and `Membership.healthyIds()` say: health is
+   * kept apart from capacity, so a healthy node at capacity 0 (weight 0, never routed to) is
+   * listed.
+   */
   private healthyIds(runtime: ClusterRuntime): string[] {
     const out: string[] = [];
-    for (let i = 0; i < runtime.size; i++) if (runtime.view.weights[i]! > 0) out.push(runtime.ids[i]!);
+    const flags = runtime.view.flags;
+    for (let i = 0; i < runtime.size; i++) if ((flags[i]! & FLAG_HEALTHY) !== 0) out.push(runtime.ids[i]!);
     return out;
   }
 
