@@ -113,22 +113,17 @@ export class Membership extends EventEmitter {
     return this.states.get(id)?.healthy ?? false;
   }
 
-  /** Hits `GET /health` on every member once, in parallel, each with `timeoutMs`. */
+  /**
+   * Hits `GET /health` on every member once, in parallel, each with `timeoutMs`. Each verdict is
+   * applied as it arrives (a 'change' for each member that changed), so a member that does not
+   * answer delays nobody else's.
+   */
   probeOnce(): Promise<void> {
     // Overlapping rounds would race each other's verdicts: join the one under way.
     if (this.probing) return this.probing;
-    this.probing = Promise.all(this.members.map((m) => this.probe(m))).then(
-      (verdicts) => {
+    this.probing = Promise.all(this.members.map((m) => this.probe(m).then((healthy) => this.verdict(m.id, healthy)))).then(
+      () => {
         this.probing = null;
-        let changed = false;
-        verdicts.forEach((healthy, i) => {
-          const state = this.states.get(this.members[i]!.id)!;
-          if (state.healthy !== healthy) {
-            state.healthy = healthy;
-            changed = true;
-          }
-        });
-        if (changed) this.emit('change');
       },
       (err) => {
         this.probing = null;
@@ -162,6 +157,13 @@ export class Membership extends EventEmitter {
     const state = this.stateOf(id);
     if (!state.healthy) return;
     state.healthy = false;
+    this.emit('change');
+  }
+
+  private verdict(id: string, healthy: boolean): void {
+    const state = this.states.get(id)!;
+    if (state.healthy === healthy) return;
+    state.healthy = healthy;
     this.emit('change');
   }
 

@@ -1,7 +1,11 @@
+import { performance } from 'node:perf_hooks';
+
 /**
- * A background poll loop: runs `tick` every `intervalMs`, never two at once (the next round is
- * scheduled when the last one ends), without keeping the process alive. start/stop are
- * idempotent.
+ * A background poll loop: runs `tick` every `intervalMs`, counted from the start of one round to
+ * the start of the next, so a round slowed by one member that does not answer (up to its probe
+ * deadline) does not stretch the period for everyone. Never two rounds at once: a round that
+ * outlasts the interval is followed at once by the next. It does not keep the process alive.
+ * start/stop are idempotent.
  */
 export class PollLoop {
   private timer: NodeJS.Timeout | null = null;
@@ -10,12 +14,14 @@ export class PollLoop {
   constructor(
     private readonly intervalMs: number,
     private readonly tick: () => Promise<void>,
+    /** Milliseconds on a monotonic clock (tests pass their own). */
+    private readonly now: () => number = () => performance.now(),
   ) {}
 
   start(): void {
     if (this.running) return;
     this.running = true;
-    this.schedule();
+    this.schedule(this.intervalMs);
   }
 
   stop(): void {
@@ -24,12 +30,13 @@ export class PollLoop {
     this.timer = null;
   }
 
-  private schedule(): void {
+  private schedule(delayMs: number): void {
     if (!this.running) return;
     this.timer = setTimeout(() => {
       this.timer = null;
-      this.tick().finally(() => this.schedule());
-    }, this.intervalMs);
+      const startedAt = this.now();
+      this.tick().finally(() => this.schedule(Math.max(0, this.intervalMs - (this.now() - startedAt))));
+    }, delayMs);
     this.timer.unref();
   }
 }

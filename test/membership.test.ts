@@ -1,0 +1,94 @@
+/**
+ * Health polling's cadence: every member is probed once each interval, whatever one member that
+ * does not answer does to its own probe.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { createServer, type Socket } from 'node:net';
+import { describe, it, mock } from 'node:test';
+import { Membership } from '../src/membership/membership.js';
+import { PollLoop } from '../src/membership/poll.js';
+import { startNodes } from './fixtures/fake-node.js';
+
+describe('PollLoop', () => {
+  it('counts the interval from the start of one round to the start of the next', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    try {
+      let clock = 0;
+      const started: number[] = [];
+      let finishRound: () => void = () => {};
+      const loop = new PollLoop(
+        1000,
+        () => {
+          started.push(clock);
+          return new Promise<void>((resolve) => (finishRound = resolve));
+        },
+        () => clock,
+      );
+      loop.start();
+      clock = 1000;
+      mock.timers.tick(1000);
+      assert.deepEqual(started, [1000]);
+      // The round takes 400 ms (a member at its probe deadline): the next starts 600 ms later.
+      clock = 1400;
+      finishRound();
+      await Promise.resolve();
+      await Promise.resolve();
+      clock = 1999;
+      mock.timers.tick(599);
+      assert.deepEqual(started, [1000], 'not before the interval has passed since the last start');
+      clock = 2000;
+      mock.timers.tick(1);
+      assert.deepEqual(started, [1000, 2000]);
+      // A round that outlasts the interval is followed at once, never overlapped.
+      clock = 3500;
+      mock.timers.tick(1500);
+      assert.deepEqual(started, [1000, 2000], 'no second round while one is under way');
+      finishRound();
+      await Promise.resolve();
+      await Promise.resolve();
+      mock.timers.tick(0);
+      assert.deepEqual(started, [1000, 2000, 3500]);
+      loop.stop();
+      mock.timers.tick(5000);
+      assert.equal(started.length, 3);
+    } finally {
+      mock.timers.reset();
+    }
+  });
+});
+
+describe('Membership probes', () => {
+  it('applies each member\'s verdict as it arrives: a member that does not answer delays nobody', { timeout: 30_000 }, async () => {
+    // One member accepts connections and never answers; the other fails its health check.
+    const held = new Set<Socket>();
+    const silent = createServer((socket) => held.add(socket));
+    silent.listen(0, '127.0.0.1');
+    await once(silent, 'listening');
+    const [failing] = await startNodes('failing');
+    failing!.healthy = false;
+    const port = (silent.address() as { port: number }).port;
+    const membership = new Membership({
+      members: [
+        { id: 'silent', url: `http://127.0.0.1:${port}` },
+        { id: 'failing', url: failing!.url },
+      ],
+      // Far longer than the test runs: the silent member's probe is still pending below.
+      timeoutMs: 600_000,
+    });
+    try {
+      const round = membership.probeOnce();
+      await once(membership, 'change');
+      assert.equal(membership.isHealthy('failing'), false);
+      assert.equal(membership.isHealthy('silent'), true, 'the silent member\'s probe has not ended');
+      assert.equal(held.size, 1);
+      // End the silent member's probe: its connection closes, and it is unhealthy too.
+      for (const socket of held) socket.destroy();
+      await round;
+      assert.deepEqual(membership.healthyIds(), []);
+    } finally {
+      silent.close();
+      await failing!.stop();
+    }
+  });
+});
