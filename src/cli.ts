@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { constants } from 'node:os';
 import { Command, helpText, parseCommand } from './config/config.js';
 import { startDemoCluster, type DemoCluster } from './demo.js';
+import { ConfigError } from './errors.js';
 import { FrontDoor } from './server/supervisor.js';
 
 /** Exit code for a configuration the operator must fix. */
@@ -74,7 +75,7 @@ async function main(): Promise<void> {
     door = await FrontDoor.start(config);
   } catch (err) {
     await demo?.close();
-    fail((err as Error).message, 1);
+    fail((err as Error).message, err instanceof ConfigError ? EXIT_CONFIG : 1);
   }
   door.on('worker-exit', (slot: number, code: number) => {
     process.stderr.write(`lakefront: worker ${slot} exited (code ${code}); replacing it\n`);

@@ -55,6 +55,8 @@ describe('lakefront command: bad configuration stops start-up with exit 2 and on
   const cases: [string, string[], Record<string, string>, RegExp][] = [
     ['duplicate id', [], { LAKEFRONT_NODES: 'a=http://127.0.0.1:1,a=http://127.0.0.1:2' }, /duplicate node id "a"/],
     ['bad URL', [], { LAKEFRONT_NODES: 'a=not a url' }, /bad URL "not a url"/],
+    ['URL with a path', ['--nodes', 'a=http://127.0.0.1:1/api'], {}, /--nodes: bad URL "http:\/\/127.0.0.1:1\/api" for node "a" \(http\(s\):\/\/host:port only, no path\)/],
+    ['https with the built-in client', ['--nodes', 'a=https://127.0.0.1:1'], {}, /node "a": https:\/\/127.0.0.1:1 is https, .*--upstream-client undici/],
     ['entry without =', [], { LAKEFRONT_NODES: 'a=http://127.0.0.1:1,b' }, /LAKEFRONT_NODES: bad entry "b"/],
     ['non-numeric port', ['--nodes', 'a=http://127.0.0.1:1'], { PORT: 'eighty' }, /PORT: not a whole number: "eighty"/],
     ['port out of range', ['--port', '70000', '--nodes', 'a=http://127.0.0.1:1'], {}, /--port: 70000 is out of range/],

@@ -101,12 +101,18 @@ describe('front door: the hedge budget', () => {
     }
   });
 
-  it('refuses a bad hedge budget, drain timeout or host, naming it', async () => {
+  it('refuses a bad hedge budget, drain timeout, host or an https node (the built-in client speaks http), naming it', async () => {
     const nodes = [{ id: 'x', url: 'http://127.0.0.1:9' }];
     await assert.rejects(route({ nodes, hedgeBudgetPercent: 101 }), /hedgeBudgetPercent: bad value 101/);
     await assert.rejects(route({ nodes, drainTimeoutMs: Number.NaN }), /drainTimeoutMs: bad value NaN/);
     await assert.rejects(route({ nodes, drainTimeoutMs: -1 }), /drainTimeoutMs: bad value -1/);
     await assert.rejects(route({ nodes, host: 42 as unknown as string }), /host: bad value 42/);
+    // Before any worker starts, not as a plain Error from a worker later on.
+    await assert.rejects(route({ nodes: [{ id: 's', url: 'https://127.0.0.1:9' }], port: 0 }), (err: Error) => {
+      assert.equal(err.name, 'ConfigError');
+      assert.match(err.message, /node "s": https:\/\/127.0.0.1:9 is https/);
+      return true;
+    });
   });
 });
 

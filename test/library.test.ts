@@ -45,6 +45,9 @@ describe('Membership', () => {
   it('rejects duplicate ids and bad URLs', () => {
     assert.throws(() => new Membership({ members: [{ id: 'a', url: 'http://x' }, { id: 'a', url: 'http://y' }] }), /duplicate node id "a"/);
     assert.throws(() => new Membership({ members: [{ id: 'a', url: 'ftp://x' }] }), /bad URL/);
+    // A base path would be kept by health probes and Router.forward but not by the front door.
+    assert.throws(() => new Membership({ members: [{ id: 'a', url: 'http://x:7000/api' }] }), /bad URL "http:\/\/x:7000\/api" for node "a" .*no path/);
+    assert.deepEqual(new Membership({ members: [{ id: 'a', url: 'HTTP://X:7000/' }] }).all(), [{ id: 'a', url: 'http://x:7000' }]);
     assert.throws(() => new Membership({ members: [] }), /at least one node/);
   });
 

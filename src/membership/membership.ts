@@ -31,9 +31,9 @@ export const DEFAULT_HEALTH_INTERVAL_MS = 1000;
 export const DEFAULT_HEALTH_TIMEOUT_MS = 500;
 
 /**
- * Checks a member list: non-empty ids, unique ids, absolute http(s) URLs without query or
- * fragment. Returns the members with URLs normalised (no trailing slash). Throws ConfigError
- * naming the first bad value.
+ * Checks a member list: non-empty ids, unique ids, absolute http(s) URLs without path, query,
+ * fragment or credentials. Returns the members with URLs normalised to their origin. Throws
+ * ConfigError naming the first bad value.
  */
 export function validateMembers(members: readonly MemberConfig[], what = 'nodes'): MemberConfig[] {
   if (!Array.isArray(members) || members.length === 0) throw new ConfigError(`${what}: at least one node is required`);
@@ -51,10 +51,12 @@ export function validateMembers(members: readonly MemberConfig[], what = 'nodes'
     } catch {
       throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}"`);
     }
-    if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.search || url.hash || url.username) {
-      throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}" (http(s)://host:port only)`);
+    // No path either: the front door sends the client's path as it is, so a base path would be
+    // honoured by health probes and Router.forward but not by the front door.
+    if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.search || url.hash || url.username || url.password || url.pathname !== '/') {
+      throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}" (http(s)://host:port only, no path)`);
     }
-    return { id, url: url.href.replace(/\/+$/, '') };
+    return { id, url: url.origin };
   });
 }
 

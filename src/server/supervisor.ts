@@ -9,6 +9,7 @@
 import { EventEmitter } from 'node:events';
 import { createServer } from 'node:net';
 import { Worker } from 'node:worker_threads';
+import { ConfigError } from '../errors.js';
 import { Membership, type MemberConfig } from '../membership/membership.js';
 import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, TableWriter, type NodeRow } from '../membership/table.js';
 import { CounterSlot, counterBytes, readTotals } from '../metrics/counters.js';
@@ -110,6 +111,9 @@ export class FrontDoor extends EventEmitter {
       });
       const indices: number[] = [];
       for (const member of membership.all()) {
+        if (config.settings.upstreamClient === 'h1' && member.url.startsWith('https:')) {
+          throw new ConfigError(`node "${member.id}": ${member.url} is https, which the built-in upstream client does not speak (use --upstream-client undici)`);
+        }
         indices.push(this.nodes.length);
         this.nodes.push({ id: member.id, url: member.url, cluster: clusterIndex });
       }
