@@ -4,6 +4,8 @@
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { readFileSync } from 'node:fs';
+import { createServer as createHttpsServer } from 'node:https';
 import { createServer, type AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
@@ -189,6 +191,38 @@ describe('lakefront command: running', () => {
     } finally {
       run.child.kill('SIGTERM');
       assert.equal(await exitOf(run), 0);
+    }
+  });
+
+  it('reaches an https node through the undici transport (trusting the CA given in NODE_EXTRA_CA_CERTS)', async () => {
+    // Sources are compiled to dist/test; the certificate stays in test/fixtures/tls.
+    const tlsDir = new URL('../../test/fixtures/tls/', import.meta.url);
+    const certFile = fileURLToPath(new URL('cert.pem', tlsDir));
+    const paths: string[] = [];
+    const secure = createHttpsServer({ key: readFileSync(new URL('key.pem', tlsDir)), cert: readFileSync(certFile) }, (req, res) => {
+      paths.push(req.url!);
+      res.setHeader('content-type', 'application/json');
+      res.end(req.url === '/health' ? '{"ok":true}' : '{"secure":true}');
+    });
+    secure.listen(0, '127.0.0.1');
+    await once(secure, 'listening');
+    const port = (secure.address() as AddressInfo).port;
+    const run = start(['--port', '0', '--threads', '1', '--host', '127.0.0.1', '--upstream-client', 'undici', '--nodes', `tls-node=https://127.0.0.1:${port}`], {
+      NODE_EXTRA_CA_CERTS: certFile,
+    });
+    try {
+      const [, url] = await waitForLine(run.child, /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+      const reply = await rpc(url!, 'query.execute', 'tls-board');
+      assert.equal(reply.status, 200);
+      assert.equal(reply.headers['x-lakefront-served-by'], 'tls-node');
+      assert.equal(reply.text, '{"secure":true}');
+      assert.ok(paths.includes('/health'), 'the health probe spoke https too');
+      assert.deepEqual((await call(`${url}/health`)).json<{ healthy: string[] }>().healthy, ['tls-node']);
+    } finally {
+      run.child.kill('SIGTERM');
+      assert.equal(await exitOf(run), 0);
+      secure.closeAllConnections();
+      secure.close();
     }
   });
 
