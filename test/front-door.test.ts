@@ -264,6 +264,39 @@ describe('front door: HTTP surface', () => {
     assert.equal(got[0]!.headers['x-evil'], 'fine\tand ~ printable');
   });
 
+  it('refuses a transfer coding other than chunked (400 when chunked is not last, 501 otherwise) and forwards nothing', async () => {
+    const send = (codingLines: string): Promise<string> =>
+      new Promise((resolve) => {
+        const head = `POST /rpc/board.append HTTP/1.1\r\nhost: x\r\nx-lakefront-board: te-board\r\n${codingLines}connection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n`;
+        const socket = connect(Number(new URL(server.url).port), '127.0.0.1', () => socket.write(head));
+        let text = '';
+        socket.on('data', (d) => (text += d.toString('latin1')));
+        socket.on('close', () => resolve(text));
+        socket.on('error', () => undefined);
+      });
+    const cases: [string, number][] = [
+      ['transfer-encoding: gzip\r\n', 400],
+      ['transfer-encoding: chunked, gzip\r\n', 400],
+      ['transfer-encoding: gzip, chunked\r\n', 501],
+      // Two field lines are one list: gzip, chunked.
+      ['transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n', 501],
+    ];
+    for (const [lines, status] of cases) {
+      const answer = await send(lines);
+      assert.match(answer, new RegExp(`^HTTP/1\\.1 ${status} `), lines);
+      assert.match(answer, /"code":"LF_ERR_BAD_REQUEST"/);
+      assert.match(answer, /is not supported \(only chunked\)/);
+    }
+    assert.equal(nodes.reduce((n, node) => n + node.received.length, 0), 0, 'no node saw any of them');
+    // Chunked alone, in any case, is forwarded (de-chunked, with a content-length).
+    const answer = await send('Transfer-Encoding: Chunked\r\n');
+    assert.match(answer, /^HTTP\/1\.1 200 /);
+    const got = nodes.flatMap((node) => node.received);
+    assert.equal(got.length, 1);
+    assert.equal(got[0]!.body, '{}');
+    assert.equal(got[0]!.headers['content-length'], '2');
+  });
+
   it('keeps a query string and relays GET as a safe read', async () => {
     const [native] = await ranking(server.url, 'get-board');
     const reply = await call(`${server.url}/rpc/changes.read?since=42&x=%20`, { headers: { 'x-lakefront-board': 'get-board' } });
@@ -488,5 +521,48 @@ describe('front door: workers', () => {
     assert.deepEqual(door.workerSlots.sort(), [1, 2]);
     const replies = await Promise.all(Array.from({ length: 20 }, (_, i) => rpc(server.url, 'query.execute', `after-${i}`, { fresh: true })));
     assert.ok(replies.every((r) => r.status === 200));
+  });
+});
+
+describe('front door: the drain deadline', () => {
+  it('answers every request still unanswered before it closes: 502 for a bare write that may have landed, 503 otherwise', async () => {
+    const nodes = await startNodes('d-a', 'd-b');
+    for (const node of nodes) node.behaviour = { kind: 'hang' };
+    const server = await route({
+      nodes: nodes.map((n) => ({ id: n.id, url: n.url })),
+      port: 0,
+      host: '127.0.0.1',
+      threads: 1,
+      hedgeDelayMs: 60_000,
+      healthIntervalMs: 60_000,
+      drainTimeoutMs: 100,
+    });
+    // A request whose body never finishes arriving: headers and 2 of 10 bytes.
+    const partial = connect(Number(new URL(server.url).port), '127.0.0.1');
+    await once(partial, 'connect');
+    let partialReply = '';
+    partial.on('data', (chunk: Buffer) => (partialReply += chunk.toString()));
+    try {
+      // Written before the other two connect: the worker reads it first (one thread).
+      partial.write('POST /rpc/board.append HTTP/1.1\r\nhost: x\r\nx-lakefront-board: drain-deadline\r\ncontent-length: 10\r\n\r\n{}');
+      const write = rpc(server.url, 'board.append', 'drain-deadline');
+      const read = rpc(server.url, 'query.execute', 'drain-deadline');
+      // Both proxied requests are held by a node before the stop begins.
+      while (nodes.reduce((sum, n) => sum + n.hits('/rpc/'), 0) < 2) await Promise.race(nodes.map((n) => once(n, 'request')));
+      const closed = once(partial, 'close');
+      await server.stop();
+      const [writeReply, readReply] = await Promise.all([write, read]);
+      assert.equal(writeReply.status, 502);
+      assert.equal(writeReply.json<{ code: string }>().code, 'LF_ERR_OUTCOME_UNKNOWN');
+      assert.equal(readReply.status, 503);
+      assert.equal(readReply.json<{ code: string }>().code, 'LF_ERR_SHUTTING_DOWN');
+      await closed;
+      assert.match(partialReply, /^HTTP\/1\.1 503 /);
+      assert.match(partialReply, /"code":"LF_ERR_SHUTTING_DOWN"/);
+      assert.equal(nodes.reduce((sum, n) => sum + n.hits('/rpc/board.append'), 0), 1, 'the bare write was sent once');
+    } finally {
+      partial.destroy();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
   });
 });

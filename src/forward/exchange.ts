@@ -190,6 +190,21 @@ export class Exchange implements HedgeWaiter {
     this.abortAll(-1);
   }
 
+  /**
+   * The front door is closing before an answer came: abort every attempt and settle with a
+   * failure the client can act on. A bare write that was launched may have been applied (502,
+   * outcome unknown); anything else was not answered and can be retried elsewhere (503).
+   */
+  shutDown(): void {
+    if (this.done) return;
+    this.abortAll(-1);
+    if (!this.retryable && this.launched > 0) {
+      this.fail(ErrorCodes.OUTCOME_UNKNOWN, 502, 'the front door shut down before the node answered; the request may or may not have been applied');
+    } else {
+      this.fail(ErrorCodes.SHUTTING_DOWN, 503, 'the front door shut down before a node answered');
+    }
+  }
+
   /** The transport reports a complete response for the attempt at `ordinal`. */
   answered(ordinal: number, status: number, headers: unknown, body: Buffer, latencyMs: number): void {
     if (!this.finish(ordinal)) return;

@@ -57,6 +57,9 @@ class ProxyRequest implements ProxiedRequest {
   aborted = false;
   answered = false;
   exchange: Exchange | null = null;
+  /** The worker's list of unfinished requests (answered at the drain deadline). */
+  prev: ProxyRequest | null = null;
+  next: ProxyRequest | null = null;
   readonly upstream: UpstreamRequest;
   private chunks: Buffer[] | null = null;
   private received = 0;
@@ -164,6 +167,15 @@ class ProxyRequest implements ProxiedRequest {
     else res.end(exchange.body!, close);
   }
 
+  /** The drain deadline passed with this request unanswered: answer it before connections close. */
+  shutDown(): void {
+    if (!this.aborted && !this.answered) {
+      if (this.exchange !== null) this.exchange.shutDown();
+      else this.reject(503, errorBody('the front door shut down before the request body arrived', ErrorCodes.SHUTTING_DOWN), true);
+    }
+    this.finish();
+  }
+
   private reject(status: number, body: string, close: boolean): void {
     this.answered = true;
     this.front.slot.bump(C_REJECTED);
@@ -176,8 +188,13 @@ class ProxyRequest implements ProxiedRequest {
   private finish(): void {
     if (this.finished) return;
     this.finished = true;
-    this.front.requestFinished();
+    this.front.requestFinished(this);
   }
+}
+
+/** Whether a transfer-encoding list is exactly `chunked` (any case, no other coding). */
+function isChunkedOnly(codings: string): boolean {
+  return codings.trim().toLowerCase() === 'chunked';
 }
 
 /**
@@ -227,6 +244,8 @@ export class WorkerFront {
   private readonly pendingStats = new Map<number, HttpResponse>();
   /** Proxied requests not yet answered or aborted. */
   private active = 0;
+  /** Unfinished requests, newest first (an intrusive list: no allocation per request). */
+  private unfinished: ProxyRequest | null = null;
   private nextStatsId = 1;
   private drainWaiter: (() => void) | null = null;
   private readonly rankScratch: Int32Array;
@@ -295,8 +314,23 @@ export class WorkerFront {
     replyJson(res, 200, body);
   }
 
-  requestFinished(): void {
+  /** @internal A new request joins the list of unfinished ones. */
+  requestStarted(request: ProxyRequest): void {
+    this.active++;
+    const head = this.unfinished;
+    request.next = head;
+    if (head !== null) head.prev = request;
+    this.unfinished = request;
+  }
+
+  /** @internal The request was answered, rejected or abandoned by its client. */
+  requestFinished(request: ProxyRequest): void {
     this.active--;
+    const { prev, next } = request;
+    if (prev !== null) prev.next = next;
+    else this.unfinished = next;
+    if (next !== null) next.prev = prev;
+    request.prev = request.next = null;
     if (this.drainWaiter !== null && this.active === 0) this.drainWaiter();
   }
 
@@ -317,8 +351,9 @@ export class WorkerFront {
       });
     }
     const abandoned = this.active;
-    // Closing the app aborts every connection; each abandoned request's onAborted cancels its
-    // upstream attempts.
+    // Every request still unanswered gets an answer (503, or 502 for a bare write that may have
+    // been applied) before the connections close.
+    while (this.unfinished !== null) this.unfinished.shutDown();
     this.closeApp();
     await Promise.all(this.runtimes.map((r) => r.close(false)));
     this.agent.close(true);
@@ -422,6 +457,18 @@ export class WorkerFront {
     this.hooks.requestStats(id);
   }
 
+  /**
+   * uWS de-chunks a body whatever transfer-encoding says, so any coding but `chunked` alone is
+   * refused (gzip would reach the node stripped of its coding, as if it were the content). As RFC
+   * 9112 asks: 400 when chunked is not the final coding (the body's length is unknown), 501 for
+   * a coding it does not know.
+   */
+  private refuseCodings(res: HttpResponse, codings: string): void {
+    const last = codings.slice(codings.lastIndexOf(',') + 1).trim().toLowerCase();
+    const reason = `transfer-encoding ${JSON.stringify(codings)} is not supported (only chunked)`;
+    replyJson(res, last === 'chunked' ? 501 : 400, errorBody(reason, ErrorCodes.BAD_REQUEST), true);
+  }
+
   private proxy(route: BoundRoute, res: HttpResponse, req: HttpRequest): void {
     this.refresh();
     const method = req.getCaseSensitiveMethod();
@@ -457,6 +504,11 @@ export class WorkerFront {
       retryable = isSafeMethod(method) || isIdempotentPath(url) || scan.idempotent;
       op = retryable ? OP_READ : OP_WRITE;
     }
+    if (scan.codings !== '' && !isChunkedOnly(scan.codings)) {
+      this.slot.bump(C_REJECTED);
+      this.refuseCodings(res, scan.codings);
+      return;
+    }
     const contentLength = scan.contentLength;
     let expected = -1;
     if (!scan.chunked) {
@@ -474,7 +526,7 @@ export class WorkerFront {
     }
     this.slot.bump(C_REQUESTS);
     const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected);
-    this.active++;
+    this.requestStarted(request);
     res.onAborted(() => request.onAborted());
     if (expected === 0) request.start();
     else res.onData((chunk, isLast) => request.onChunk(chunk, isLast));
@@ -491,6 +543,8 @@ const scan = {
   key: '',
   contentLength: '',
   chunked: false,
+  /** The transfer-encoding list ('' when none). */
+  codings: '',
   idempotent: false,
   begin(keyHeader: string): void {
     this.keyHeader = keyHeader;
@@ -498,6 +552,7 @@ const scan = {
     this.key = '';
     this.contentLength = '';
     this.chunked = false;
+    this.codings = '';
     this.idempotent = false;
   },
 };
@@ -538,6 +593,8 @@ function scanHeader(name: string, value: string): void {
     case 17:
       if (name === 'transfer-encoding') {
         scan.chunked = value !== '';
+        // Every field line, joined as one list; checked in `proxy`.
+        scan.codings = scan.codings === '' ? value : `${scan.codings}, ${value}`;
         return;
       }
       break;
