@@ -63,6 +63,8 @@ describe('lakefront command: bad configuration stops start-up with exit 2 and on
     ['non-numeric port', ['--nodes', 'a=http://127.0.0.1:1'], { PORT: 'eighty' }, /PORT: not a whole number: "eighty"/],
     ['port out of range', ['--port', '70000', '--nodes', 'a=http://127.0.0.1:1'], {}, /--port: 70000 is out of range/],
     ['bad thread count', ['--threads', '0', '--nodes', 'a=http://127.0.0.1:1'], {}, /--threads: 0 is out of range/],
+    // 192.0.2.1 is TEST-NET-1: documentation only, never an address of this machine.
+    ['host not on this machine', ['--host', '192.0.2.1', '--port', '0', '--nodes', 'a=http://127.0.0.1:1'], {}, /host: cannot listen on "192\.0\.2\.1" \(EADDRNOTAVAIL/],
     ['bad hedge delay', [], { LAKEFRONT_NODES: 'a=http://127.0.0.1:1', LAKEFRONT_HEDGE_MS: '-5' }, /LAKEFRONT_HEDGE_MS: not a whole number: "-5"/],
     ['unknown flag', ['--nodez', 'x'], {}, /Unknown option '--nodez'/],
     ['unknown upstream client', ['--upstream-client', 'curl', '--nodes', 'a=http://127.0.0.1:1'], {}, /--upstream-client: must be h1 or undici, got "curl"/],
@@ -223,6 +225,21 @@ describe('lakefront command: running', () => {
       assert.equal(await exitOf(run), 0);
       secure.closeAllConnections();
       secure.close();
+    }
+  });
+
+  it('refuses the port of a running Lakefront (both would bind it with SO_REUSEPORT and split its connections)', async () => {
+    const first = start(['--port', '0', '--threads', '2', '--host', '127.0.0.1', '--nodes', `a=${nodes[0]!.url}`]);
+    try {
+      const [, port] = await waitForLine(first.child, /listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      const second = start(['--port', port!, '--threads', '1', '--host', '127.0.0.1', '--nodes', `a=${nodes[0]!.url}`]);
+      assert.equal(await exitOf(second), 1);
+      assert.equal(second.output().trim(), `lakefront: could not listen on 127.0.0.1:${port}: the port is in use`);
+      // The first one still has every connection.
+      assert.equal((await call(`http://127.0.0.1:${port}/health`)).status, 200);
+    } finally {
+      first.child.kill('SIGTERM');
+      assert.equal(await exitOf(first), 0);
     }
   });
 

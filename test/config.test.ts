@@ -44,6 +44,14 @@ describe('flags and environment', () => {
     ['config file and --nodes', ['--config', '/nonexistent.json', '--nodes', 'a=http://127.0.0.1:1'], {}, /--config: give clusters either in the file or with --nodes\/--etcd/],
     ['missing config file', ['--config', '/nonexistent.json'], {}, /--config: cannot read "\/nonexistent.json" \(ENOENT\)/],
     ['bad hedge mode', ['--hedge-mode', 'sometimes'], {}, /--hedge-mode: must be percentile or fixed or off/],
+    ['an etcd policy without etcd members', ['--nodes', 'a=http://127.0.0.1:1', '--etcd-policy', 'round_robin'], {}, /--etcd-policy: applies to --etcd members, and none are given/],
+    ['the same, from the environment', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_ETCD_POLICY: 'hybrid' }, /LAKEFRONT_ETCD_POLICY: applies to --etcd members/],
+    // parseArgs alone calls `-1` an ambiguous argument without naming it.
+    ['a negative thread count', ['--threads', '-1', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--threads: not a whole number: "-1"$/],
+    ['a negative body limit', ['--max-body-bytes', '-5', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--max-body-bytes: not a whole number: "-5"$/],
+    ['a negative hedge budget', ['--hedge-budget-percent', '-1', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-budget-percent: -1 is out of range 0\.\.100$/],
+    ['a node URL with credentials (never echoed)', ['--nodes', 'a=http://user:s3cret@127.0.0.1:1'], {}, /^--nodes: the URL for node "a" carries credentials, which are not supported$/],
+    ['a node URL with only a password', ['--nodes', 'a=http://:s3cret@127.0.0.1:1'], {}, /^--nodes: the URL for node "a" carries credentials/],
   ];
   for (const [name, argv, env, pattern] of bad) {
     it(`rejects ${name} with one line naming it`, () => {
@@ -107,6 +115,9 @@ describe('configuration file', () => {
     ['a bad path', { ...good, routes: [{ path: 'rpc', cluster: 'boards' }] }, /routes\[0\]\.path: must start with \//],
     ['a bad rho', { ...good, clusters: [{ ...good.clusters[1], policy: { rho: 0.5 } }, good.clusters[0]] }, /clusters\[0\]\.policy\.rho: must be a number in 1\.\.1000, got 0\.5/],
     ['no routes', { ...good, routes: [] }, /lf\.json: routes: must be a non-empty list/],
+    // Framing headers are consumed by the front door, never seen as a key: every request got 401.
+    ['a framing header as the key', { ...good, routes: [{ path: '/x/*', cluster: 'boards', keyHeader: 'Content-Length' }] }, /routes\[0\]\.keyHeader: "content-length" is a hop-by-hop or framing header, not a routing key/],
+    ['a key header that is no header name', { ...good, routes: [{ path: '/x/*', cluster: 'boards', keyHeader: 'Board Id' }] }, /routes\[0\]\.keyHeader: not a header name: "board id"/],
   ];
   for (const [name, raw, pattern] of bad) {
     it(`rejects ${name}`, () => assert.throws(() => parseFileConfig(raw, 'lf.json'), pattern));

@@ -114,9 +114,20 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     version: { type: 'boolean' },
   };
   for (const option of OPTIONS) options[option.flag] = { type: 'string' };
+  // `--threads -1`: parseArgs calls a value that starts with '-' ambiguous without naming it;
+  // taken as the flag's value, the range check names it.
+  const args: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const next = argv[i + 1];
+    if (arg.startsWith('--') && options[arg.slice(2)]?.type === 'string' && next !== undefined && /^-\d/.test(next)) {
+      args.push(`${arg}=${next}`);
+      i++;
+    } else args.push(arg);
+  }
   let values: Record<string, string | boolean | undefined>;
   try {
-    ({ values } = parseArgs({ args: [...argv], options, strict: true, allowPositionals: false }));
+    ({ values } = parseArgs({ args, options, strict: true, allowPositionals: false }));
   } catch (err) {
     throw new ConfigError((err as Error).message.split('\n')[0]!);
   }
@@ -160,8 +171,9 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     clusters.push({ name: DEFAULT_CLUSTER, members: nodesRaw ? parseNodes(nodesRaw[0], nodesRaw[1]) : [] });
     routes.push(RPC_ROUTE);
   }
+  const policyRaw = read('etcd-policy');
+  if (policyRaw && !etcdRaw) throw new ConfigError(`${policyRaw[1]}: applies to --etcd members, and none are given`);
   if (etcdRaw) {
-    const policyRaw = read('etcd-policy');
     const policy = policyRaw ? oneOf(policyRaw[0], policyRaw[1], ETCD_POLICIES) : 'hybrid';
     const etcdMembers = parseNodes(etcdRaw[0], etcdRaw[1]);
     if (nodesRaw) {

@@ -18,6 +18,7 @@
  *
  * Every bad value is a ConfigError naming its place, e.g. `routes[1].policy: unknown policy "x"`.
  */
+import { DROPPED_REQUEST_HEADERS } from '../contract.js';
 import { ConfigError } from '../errors.js';
 import { validateMembers, type MemberConfig } from '../membership/membership.js';
 import { POLICY_NAMES, type OperationRules, type PolicyName, type PolicySettings } from '../server/protocol.js';
@@ -165,6 +166,10 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     if (!POLICY_NAMES.includes(policy)) fail(`${where}.policy`, `unknown policy "${policy}" (known: ${POLICY_NAMES.join(', ')})`);
     const base: RouteConfig = preset === 'etcd' ? etcdPreset(cluster, [], policy, path).route : { pattern: path, cluster, policy, keyHeader: null };
     const keyHeader = r.keyHeader === null ? null : (str(r, 'keyHeader', where)?.toLowerCase() ?? base.keyHeader);
+    if (keyHeader !== null && !/^[!#$%&'*+.^_`|~0-9a-z-]+$/.test(keyHeader)) fail(`${where}.keyHeader`, `not a header name: ${JSON.stringify(keyHeader)}`);
+    if (keyHeader !== null && DROPPED_REQUEST_HEADERS.has(keyHeader)) {
+      fail(`${where}.keyHeader`, `"${keyHeader}" is a hop-by-hop or framing header, not a routing key`);
+    }
     if (policy === 'rendezvous' && keyHeader === null) fail(`${where}.keyHeader`, 'the rendezvous policy needs a key header');
     return {
       ...base,

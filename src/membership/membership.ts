@@ -31,8 +31,8 @@ export const DEFAULT_HEALTH_INTERVAL_MS = 1000;
 export const DEFAULT_HEALTH_TIMEOUT_MS = 500;
 
 /**
- * Checks a member list: non-empty ids, unique ids, absolute http(s) URLs without path, query,
- * fragment or credentials. Returns the members with URLs normalised to their origin. Throws
+ * Checks a member list: non-empty ids, unique ids, absolute http(s) URLs without credentials,
+ * path, query or fragment. Returns the members with URLs normalised to their origin. Throws
  * ConfigError naming the first bad value.
  */
 export function validateMembers(members: readonly MemberConfig[], what = 'nodes'): MemberConfig[] {
@@ -51,9 +51,11 @@ export function validateMembers(members: readonly MemberConfig[], what = 'nodes'
     } catch {
       throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}"`);
     }
+    // Never echoed: it would print the password into the log.
+    if (url.username || url.password) throw new ConfigError(`${what}: the URL for node "${id}" carries credentials, which are not supported`);
     // No path either: the front door sends the client's path as it is, so a base path would be
     // honoured by health probes and Router.forward but not by the front door.
-    if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.search || url.hash || url.username || url.password || url.pathname !== '/') {
+    if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.search || url.hash || url.pathname !== '/') {
       throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}" (http(s)://host:port only, no path)`);
     }
     return { id, url: url.origin };

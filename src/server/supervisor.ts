@@ -333,7 +333,10 @@ export class FrontDoor extends EventEmitter {
     // uWS does not set SO_REUSEPORT when asked for port 0, so a free port is chosen first and
     // every worker binds it explicitly. Another process may take it in between: retry then.
     for (let tries = 0; ; tries++) {
-      if (pickPort) port = await freePort(this.host);
+      // A plain bind first, for a fixed port too: uWS binds with SO_REUSEPORT, so a second
+      // Lakefront on the same port would otherwise start and take half of the first one's
+      // connections. (A crashed worker's replacement skips this: its siblings hold the port.)
+      port = await bindOnce(this.host, port);
       try {
         this.port = port;
         await this.spawn(1);
@@ -467,15 +470,25 @@ export class FrontDoor extends EventEmitter {
 }
 
 /** A port that was free a moment ago on `host`. */
-function freePort(host: string): Promise<number> {
+/**
+ * Binds `host:port` without SO_REUSEPORT and lets go at once; resolves with the port bound (a free
+ * one for 0). Fails if anything listens there, a Lakefront included, or if `host` is no address
+ * of this machine (a ConfigError).
+ */
+function bindOnce(host: string, port: number): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer();
     server.unref();
-    server.once('error', reject);
-    server.listen(0, host, () => {
+    server.once('error', (err: NodeJS.ErrnoException) => {
+      if (err.code === 'EADDRINUSE') reject(new Error(`could not listen on ${host}:${port}: the port is in use`));
+      else if (err.code === 'ENOTFOUND' || err.code === 'EADDRNOTAVAIL' || err.code === 'EAI_AGAIN') {
+        reject(new ConfigError(`host: cannot listen on ${JSON.stringify(host)} (${err.code}: not an address of this machine)`));
+      } else reject(new Error(`could not listen on ${host}:${port}: ${err.message}`));
+    });
+    server.listen({ port, host, exclusive: true }, () => {
       const address = server.address();
-      const port = typeof address === 'object' && address ? address.port : 0;
-      server.close(() => resolve(port));
+      const bound = typeof address === 'object' && address ? address.port : 0;
+      server.close(() => resolve(bound));
     });
   });
 }
