@@ -4,11 +4,13 @@
  */
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
-import { connect } from 'node:net';
+import { connect, createServer, Server } from 'node:net';
 import { Client } from 'undici';
 import { after, afterEach, before, describe, it } from 'node:test';
 import { DROPPED_REQUEST_HEADERS } from '../src/contract.js';
 import { route, type RouterServer } from '../src/router/index.js';
+import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
+import { FrontDoor } from '../src/server/supervisor.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 import { call, ranking, rpc } from './fixtures/http.js';
 
@@ -274,17 +276,20 @@ describe('front door: HTTP surface', () => {
         socket.on('close', () => resolve(text));
         socket.on('error', () => undefined);
       });
-    const cases: [string, number][] = [
-      ['transfer-encoding: gzip\r\n', 400],
-      ['transfer-encoding: chunked, gzip\r\n', 400],
-      ['transfer-encoding: gzip, chunked\r\n', 501],
+    const cases: [string, number, string][] = [
+      ['transfer-encoding: gzip\r\n', 400, 'LF_ERR_BAD_REQUEST'],
+      ['transfer-encoding: chunked, gzip\r\n', 400, 'LF_ERR_BAD_REQUEST'],
+      ['transfer-encoding: chunked, chunked\r\n', 400, 'LF_ERR_BAD_REQUEST'],
+      // Empty, uWS still reads a chunked body: the front door must not take it for no body.
+      ['transfer-encoding: \r\n', 400, 'LF_ERR_BAD_REQUEST'],
+      ['transfer-encoding: gzip, chunked\r\n', 501, 'LF_ERR_UNSUPPORTED'],
       // Two field lines are one list: gzip, chunked.
-      ['transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n', 501],
+      ['transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n', 501, 'LF_ERR_UNSUPPORTED'],
     ];
-    for (const [lines, status] of cases) {
+    for (const [lines, status, code] of cases) {
       const answer = await send(lines);
       assert.match(answer, new RegExp(`^HTTP/1\\.1 ${status} `), lines);
-      assert.match(answer, /"code":"LF_ERR_BAD_REQUEST"/);
+      assert.match(answer, new RegExp(`"code":"${code}"`), lines);
       assert.match(answer, /is not supported \(only chunked\)/);
     }
     assert.equal(nodes.reduce((n, node) => n + node.received.length, 0), 0, 'no node saw any of them');
@@ -563,6 +568,69 @@ describe('front door: the drain deadline', () => {
     } finally {
       partial.destroy();
       await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+  it('a bare write still queued for a connection at the deadline gets 503: it never left', async () => {
+    const [node] = await startNodes('q-a');
+    node!.behaviour = { kind: 'hang' };
+    // One connection to the node: the second write waits in the pool's queue.
+    const door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: [{ id: 'q-a', url: node!.url }] }],
+      routes: [RPC_ROUTE],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({ upstreamConnections: 1, drainTimeoutMs: 100, hedgeDelayMs: 60_000 }),
+    });
+    try {
+      const sent = rpc(door.url, 'board.append', 'queued-1');
+      await node!.waitForRequests(1);
+      // No body: the request is queued in the same handler call that counts it.
+      const queued = rpc(door.url, 'board.append', 'queued-2', { body: '' });
+      while (((await door.stats()) as { requests: number }).requests < 2);
+      await door.stop();
+      const [sentReply, queuedReply] = await Promise.all([sent, queued]);
+      assert.equal(sentReply.status, 502);
+      assert.equal(sentReply.json<{ code: string }>().code, 'LF_ERR_OUTCOME_UNKNOWN');
+      assert.equal(queuedReply.status, 503);
+      assert.equal(queuedReply.json<{ code: string }>().code, 'LF_ERR_SHUTTING_DOWN');
+      assert.deepEqual(node!.received.map((r) => r.headers['x-lakefront-board']), ['queued-1']);
+    } finally {
+      await node!.stop();
+    }
+  });
+});
+
+describe('front door: start-up', () => {
+  it('picks another free port when something takes the one it chose before the workers bind it', async () => {
+    // The race: the port found free is taken between the check and the workers' bind.
+    const close = Server.prototype.close;
+    let competitor: Server | null = null;
+    let taken = 0;
+    Server.prototype.close = function (this: Server, callback?: (err?: Error) => void) {
+      const address = this.address();
+      const result = close.call(this, callback);
+      if (competitor === null && address !== null && typeof address === 'object') {
+        taken = address.port;
+        competitor = createServer().listen({ port: address.port, host: '127.0.0.1', exclusive: true });
+      }
+      return result;
+    } as typeof close;
+    let server: RouterServer | null = null;
+    try {
+      try {
+        server = await route({ nodes: [{ id: 'x', url: 'http://127.0.0.1:9' }], port: 0, host: '127.0.0.1', threads: 1, healthIntervalMs: 60_000 });
+      } finally {
+        Server.prototype.close = close;
+      }
+      assert.notEqual(taken, 0);
+      assert.notEqual(server.port, taken);
+      assert.equal((await call(`${server.url}/health`)).status, 200);
+    } finally {
+      await server?.stop();
+      (competitor as Server | null)?.close();
     }
   });
 });

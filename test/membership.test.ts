@@ -58,6 +58,48 @@ describe('PollLoop', () => {
   });
 });
 
+describe('PollLoop restarted', () => {
+  it('a stop() and start() during a round leave one chain of rounds, not two', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    try {
+      let clock = 0;
+      const started: number[] = [];
+      let finishRound: () => void = () => {};
+      const loop = new PollLoop(
+        1000,
+        () => {
+          started.push(clock);
+          return new Promise<void>((resolve) => (finishRound = resolve));
+        },
+        () => clock,
+      );
+      loop.start();
+      clock = 1000;
+      mock.timers.tick(1000);
+      const first = finishRound;
+      loop.stop();
+      loop.start();
+      // The round that was under way ends now: it must not schedule a chain of its own.
+      clock = 1100;
+      first();
+      await Promise.resolve();
+      await Promise.resolve();
+      clock = 2000;
+      mock.timers.tick(1000);
+      assert.deepEqual(started, [1000, 2000], 'the restart\'s round only');
+      finishRound();
+      await Promise.resolve();
+      await Promise.resolve();
+      clock = 3000;
+      mock.timers.tick(1000);
+      assert.deepEqual(started, [1000, 2000, 3000], 'one round a second');
+      loop.stop();
+    } finally {
+      mock.timers.reset();
+    }
+  });
+});
+
 describe('Membership probes', () => {
   it('applies each member\'s verdict as it arrives: a member that does not answer delays nobody', { timeout: 30_000 }, async () => {
     // One member accepts connections and never answers; the other fails its health check.

@@ -29,6 +29,11 @@ import { LOW_BUDGET_PATIENCE, type HedgeBudget, type HedgeWaiter } from './budge
 export interface AttemptHandle {
   /** Stop the attempt; safe to call after it finished. */
   abort(): void;
+  /**
+   * False only when the request provably has not left for the node (still queued for a
+   * connection). Absent: it may have.
+   */
+  mayHaveBeenSent?(): boolean;
 }
 
 /** Counters an exchange bumps. Implementations decide where they live (shared memory, plain). */
@@ -192,13 +197,21 @@ export class Exchange implements HedgeWaiter {
 
   /**
    * The front door is closing before an answer came: abort every attempt and settle with a
-   * failure the client can act on. A bare write that was launched may have been applied (502,
-   * outcome unknown); anything else was not answered and can be retried elsewhere (503).
+   * failure the client can act on. A bare write that may have left for its node may have been
+   * applied (502, outcome unknown); anything else (retryable, or a write still queued for a
+   * connection) was not, and can be retried elsewhere (503).
    */
   shutDown(): void {
     if (this.done) return;
+    let mayHaveLanded = false;
+    if (!this.retryable) {
+      for (let i = 0; i < this.launched; i++) {
+        const handle = this.attempts[i];
+        if (handle != null && (handle.mayHaveBeenSent === undefined || handle.mayHaveBeenSent())) mayHaveLanded = true;
+      }
+    }
     this.abortAll(-1);
-    if (!this.retryable && this.launched > 0) {
+    if (mayHaveLanded) {
       this.fail(ErrorCodes.OUTCOME_UNKNOWN, 502, 'the front door shut down before the node answered; the request may or may not have been applied');
     } else {
       this.fail(ErrorCodes.SHUTTING_DOWN, 503, 'the front door shut down before a node answered');

@@ -125,6 +125,10 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
     return this;
   }
 
+  mayHaveBeenSent(): boolean {
+    return this.ticket !== null && this.transport.pool.isWritten(this.ticket);
+  }
+
   abort(): void {
     if (this.ended || this.cancelled) return;
     this.cancelled = true;
@@ -206,6 +210,11 @@ class DispatchAttempt extends CancellableAttempt {
   start(request: UpstreamRequest): this {
     this.transport.pool.dispatch(request.dispatchOptions, this as unknown as Dispatcher.DispatchHandler);
     return this;
+  }
+
+  /** undici calls onConnect once the request has a socket, just before writing it. */
+  mayHaveBeenSent(): boolean {
+    return this.abortFn !== null;
   }
 
   abort(): void {

@@ -10,6 +10,8 @@ import { performance } from 'node:perf_hooks';
 export class PollLoop {
   private timer: NodeJS.Timeout | null = null;
   private running = false;
+  /** Bumped by stop(): a round under way then schedules nothing (a restart has its own). */
+  private epoch = 0;
 
   constructor(
     private readonly intervalMs: number,
@@ -26,6 +28,7 @@ export class PollLoop {
 
   stop(): void {
     this.running = false;
+    this.epoch++;
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
   }
@@ -35,7 +38,10 @@ export class PollLoop {
     this.timer = setTimeout(() => {
       this.timer = null;
       const startedAt = this.now();
-      this.tick().finally(() => this.schedule(Math.max(0, this.intervalMs - (this.now() - startedAt))));
+      const epoch = this.epoch;
+      this.tick().finally(() => {
+        if (epoch === this.epoch) this.schedule(Math.max(0, this.intervalMs - (this.now() - startedAt)));
+      });
     }, delayMs);
     this.timer.unref();
   }

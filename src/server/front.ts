@@ -354,6 +354,11 @@ export class WorkerFront {
     // Every request still unanswered gets an answer (503, or 502 for a bare write that may have
     // been applied) before the connections close.
     while (this.unfinished !== null) this.unfinished.shutDown();
+    // So does a /stats request still waiting for the control plane.
+    for (const res of this.pendingStats.values()) {
+      replyJson(res, 503, errorBody('the front door shut down before the statistics arrived', ErrorCodes.SHUTTING_DOWN), true);
+    }
+    this.pendingStats.clear();
     this.closeApp();
     await Promise.all(this.runtimes.map((r) => r.close(false)));
     this.agent.close(true);
@@ -460,13 +465,15 @@ export class WorkerFront {
   /**
    * uWS de-chunks a body whatever transfer-encoding says, so any coding but `chunked` alone is
    * refused (gzip would reach the node stripped of its coding, as if it were the content). As RFC
-   * 9112 asks: 400 when chunked is not the final coding (the body's length is unknown), 501 for
-   * a coding it does not know.
+   * 9112 asks: 400 when chunked is not the final coding, or comes twice, or the value is empty
+   * (the body's length is unknown); 501 for a coding it does not know.
    */
   private refuseCodings(res: HttpResponse, codings: string): void {
-    const last = codings.slice(codings.lastIndexOf(',') + 1).trim().toLowerCase();
+    const list = codings.split(',').map((c) => c.trim().toLowerCase());
+    const chunkedLastOnly = list.indexOf('chunked') === list.length - 1;
     const reason = `transfer-encoding ${JSON.stringify(codings)} is not supported (only chunked)`;
-    replyJson(res, last === 'chunked' ? 501 : 400, errorBody(reason, ErrorCodes.BAD_REQUEST), true);
+    if (chunkedLastOnly) replyJson(res, 501, errorBody(reason, ErrorCodes.UNSUPPORTED), true);
+    else replyJson(res, 400, errorBody(reason, ErrorCodes.BAD_REQUEST), true);
   }
 
   private proxy(route: BoundRoute, res: HttpResponse, req: HttpRequest): void {
@@ -504,7 +511,7 @@ export class WorkerFront {
       retryable = isSafeMethod(method) || isIdempotentPath(url) || scan.idempotent;
       op = retryable ? OP_READ : OP_WRITE;
     }
-    if (scan.codings !== '' && !isChunkedOnly(scan.codings)) {
+    if (scan.chunked && !isChunkedOnly(scan.codings)) {
       this.slot.bump(C_REJECTED);
       this.refuseCodings(res, scan.codings);
       return;
@@ -592,7 +599,8 @@ function scanHeader(name: string, value: string): void {
       break;
     case 17:
       if (name === 'transfer-encoding') {
-        scan.chunked = value !== '';
+        // Present at all, uWS reads a chunked body (even for an empty value).
+        scan.chunked = true;
         // Every field line, joined as one list; checked in `proxy`.
         scan.codings = scan.codings === '' ? value : `${scan.codings}, ${value}`;
         return;

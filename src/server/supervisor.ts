@@ -336,7 +336,7 @@ export class FrontDoor extends EventEmitter {
       // A plain bind first, for a fixed port too: uWS binds with SO_REUSEPORT, so a second
       // Lakefront on the same port would otherwise start and take half of the first one's
       // connections. (A crashed worker's replacement skips this: its siblings hold the port.)
-      port = await bindOnce(this.host, port);
+      port = await bindOnce(this.host, pickPort ? 0 : port);
       try {
         this.port = port;
         await this.spawn(1);
@@ -481,7 +481,7 @@ function bindOnce(host: string, port: number): Promise<number> {
     server.unref();
     server.once('error', (err: NodeJS.ErrnoException) => {
       if (err.code === 'EADDRINUSE') reject(new Error(`could not listen on ${host}:${port}: the port is in use`));
-      else if (err.code === 'ENOTFOUND' || err.code === 'EADDRNOTAVAIL' || err.code === 'EAI_AGAIN') {
+      else if (err.code === 'ENOTFOUND' || err.code === 'EADDRNOTAVAIL') {
         reject(new ConfigError(`host: cannot listen on ${JSON.stringify(host)} (${err.code}: not an address of this machine)`));
       } else reject(new Error(`could not listen on ${host}:${port}: ${err.message}`));
     });
