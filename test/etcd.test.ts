@@ -76,6 +76,14 @@ describe('etcd behind Lakefront', () => {
       }
       assert.equal(servedBy.size, 3, `reads reached ${[...servedBy.keys()]}`);
       for (const [name, n] of servedBy) assert.ok(n >= 90 * 0.2, `${name} served ${n} of 90 reads`);
+      // A watch is a stream: refused at once, not pinned to the leader like a write and held to
+      // the request timeout (etcd itself streams it: checked against a member directly).
+      const direct = await fetch(`${cluster.members[0]!.clientUrl}/v3/watch`, { method: 'POST', body: JSON.stringify({ create_request: { key: b64('hybrid-0') } }) });
+      assert.equal(direct.status, 200);
+      await direct.body?.cancel();
+      const watch = await call(`${door.url}/v3/watch`, { method: 'POST', body: JSON.stringify({ create_request: { key: b64('hybrid-0') } }) });
+      assert.equal(watch.status, 501);
+      assert.equal(watch.json<{ code: string }>().code, 'LF_ERR_UNSUPPORTED');
     } finally {
       await door.stop();
     }

@@ -90,8 +90,8 @@ function members(value: unknown, where: string): MemberConfig[] {
 }
 
 function operations(value: unknown, where: string): OperationRules {
-  if (!isObject(value)) fail(where, 'must be { reads: [...], writes: [...], otherwise: "read" | "write" }');
-  known(value, ['reads', 'writes', 'otherwise'], where);
+  if (!isObject(value)) fail(where, 'must be { reads: [...], writes: [...], unsupported: [...], otherwise: "read" | "write" }');
+  known(value, ['reads', 'writes', 'unsupported', 'otherwise'], where);
   const list = (key: string): string[] => {
     const v = value[key] ?? [];
     if (!Array.isArray(v) || v.some((p) => typeof p !== 'string' || !p.startsWith('/'))) fail(`${where}.${key}`, 'must be a list of paths starting with /');
@@ -99,7 +99,7 @@ function operations(value: unknown, where: string): OperationRules {
   };
   const otherwise = value.otherwise ?? 'write';
   if (otherwise !== 'read' && otherwise !== 'write') fail(`${where}.otherwise`, `must be "read" or "write", got ${JSON.stringify(otherwise)}`);
-  return { reads: list('reads'), writes: list('writes'), otherwise };
+  return { reads: list('reads'), writes: list('writes'), unsupported: list('unsupported'), otherwise };
 }
 
 /** Validates a parsed configuration file. */
@@ -124,7 +124,8 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     }
     const preset = str(c, 'preset', where);
     if (preset !== undefined && preset !== 'etcd') fail(`${where}.preset`, `unknown preset "${preset}" (known: etcd)`);
-    const leader = c.leader ?? (preset === 'etcd' ? 'etcd' : null);
+    // An explicit `"leader": null` turns the preset's probe off; only an absent key takes it.
+    const leader = c.leader !== undefined ? c.leader : preset === 'etcd' ? 'etcd' : null;
     if (leader !== null && leader !== 'etcd') fail(`${where}.leader`, `must be "etcd" or null, got ${JSON.stringify(leader)}`);
     const healthPath = str(c, 'healthPath', where) ?? (preset === 'etcd' ? ETCD_HEALTH_PATH : '/health');
     if (!healthPath.startsWith('/')) fail(`${where}.healthPath`, `must start with /, got ${JSON.stringify(healthPath)}`);
@@ -164,6 +165,11 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     if (preset !== undefined && preset !== 'etcd') fail(`${where}.preset`, `unknown preset "${preset}" (known: etcd)`);
     const policy = (str(r, 'policy', where) ?? (preset === 'etcd' ? 'hybrid' : 'rendezvous')) as PolicyName;
     if (!POLICY_NAMES.includes(policy)) fail(`${where}.policy`, `unknown policy "${policy}" (known: ${POLICY_NAMES.join(', ')})`);
+    // Writes go to a leader only where one is probed for: without a probe the etcd preset and
+    // hybrid would send every write round robin, followers included, and say nothing.
+    const probed = clusters.find((c) => c.name === cluster)!.leader !== null;
+    if (!probed && preset === 'etcd') fail(`${where}.preset`, `"etcd" needs cluster "${cluster}" to probe for its leader (give the cluster "preset": "etcd")`);
+    if (!probed && policy === 'hybrid') fail(`${where}.policy`, `"hybrid" pins writes to the leader, and cluster "${cluster}" does not probe for one (give the cluster "preset": "etcd")`);
     const base: RouteConfig = preset === 'etcd' ? etcdPreset(cluster, [], policy, path).route : { pattern: path, cluster, policy, keyHeader: null };
     const keyHeader = r.keyHeader === null ? null : (str(r, 'keyHeader', where)?.toLowerCase() ?? base.keyHeader);
     if (keyHeader !== null && !/^[!#$%&'*+.^_`|~0-9a-z-]+$/.test(keyHeader)) fail(`${where}.keyHeader`, `not a header name: ${JSON.stringify(keyHeader)}`);

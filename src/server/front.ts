@@ -25,7 +25,7 @@ import { NodeHistograms } from '../metrics/histograms.js';
 import type { Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
-import { OP_READ, OP_WRITE, type RouteSpec, type WorkerInit } from './protocol.js';
+import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type RouteSpec, type WorkerInit } from './protocol.js';
 import { statusBytes, writeRelayedHeaders } from './relay.js';
 import { loadUws, type Uws } from './uws.js';
 
@@ -506,6 +506,11 @@ export class WorkerFront {
     let retryable: boolean;
     if (route.classifier !== null) {
       op = route.classifier.classify(url);
+      if (op === OP_UNSUPPORTED) {
+        this.slot.bump(C_REJECTED);
+        replyJson(res, 501, errorBody(`${url} is not routed: a streaming call, and answers are relayed whole`, ErrorCodes.UNSUPPORTED), this.draining);
+        return;
+      }
       retryable = op === OP_READ;
     } else {
       retryable = isSafeMethod(method) || isIdempotentPath(url) || scan.idempotent;

@@ -7,6 +7,8 @@
 /** Operation classes a route's classifier assigns. */
 export const OP_READ = 0;
 export const OP_WRITE = 1;
+/** A path the route does not carry (a streaming call): answered 501, never forwarded. */
+export const OP_UNSUPPORTED = 2;
 
 export type PolicyName = 'rendezvous' | 'round_robin' | 'boltzmann' | 'hybrid';
 
@@ -19,6 +21,8 @@ export const POLICY_NAMES: readonly PolicyName[] = ['rendezvous', 'round_robin',
 export interface OperationRules {
   readonly reads: readonly string[];
   readonly writes: readonly string[];
+  /** Paths refused with 501 (streams, which a buffering proxy cannot carry). */
+  readonly unsupported?: readonly string[];
   readonly otherwise: 'read' | 'write';
 }
 
