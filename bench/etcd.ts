@@ -177,17 +177,23 @@ async function main(): Promise<void> {
   }
 }
 
+/**
+ * The paper's figures (round_robin -> hybrid), by cluster size, condition and mix: Table II (3
+ * nodes, healthy), Table III (3 nodes, a delayed follower), Table IV (5 nodes, healthy, 80/20).
+ * Keys are the starts of the metric names in the tables below.
+ */
 const PAPER: Record<string, Record<string, string>> = {
-  'healthy|80/20': { 'read p50': '9.14 -> 8.59 (-6.0%)', 'write p50': '6.22 -> 4.39 (-29.4%)', tput: '14,536 -> 15,809 (+8.8%)' },
-  'healthy|50/50': { 'write p50': '8.57 -> 5.89 (-31.3%)', tput: '12,010 -> 13,650 (+13.7%)' },
-  'degraded|80/20': {
+  '3|healthy|80/20': { 'read p50': '9.14 -> 8.59 (-6.0%)', 'write p50': '6.22 -> 4.39 (-29.4%)', throughput: '14,536 -> 15,809 (+8.8%)' },
+  '3|healthy|50/50': { 'write p50': '8.57 -> 5.89 (-31.3%)', throughput: '12,010 -> 13,650 (+13.7%)' },
+  '3|degraded|80/20': {
     'read p50': '8.62 -> 8.19 (-5.0%)',
     'read p99': '47.02 -> 16.84 (-64.2%)',
     'write p50': '5.93 -> 4.68 (-21.1%)',
     'write p99': '34.31 -> 8.97 (-73.9%)',
-    tput: '8,377 -> 15,841 (+89.1%)',
-    'reads to slow': '~33% -> 0.5%',
+    throughput: '8,377 -> 15,841 (+89.1%)',
+    'reads to the delayed member': '~33% -> 0.5%',
   },
+  '5|healthy|80/20': { 'read p50': '9.76 -> 9.41 (-3.6%)', 'write p50': '6.67 -> 4.22 (-36.7%)', throughput: '13,884 -> 14,990 (+8.0%)' },
 };
 
 function report(samples: Map<string, Sample[]>, failovers: Record<string, { recoveryMs: number; failed: number; writes: number }>, slow: string, leader: string): void {
@@ -213,8 +219,9 @@ function report(samples: Map<string, Sample[]>, failovers: Record<string, { reco
       const rr = med('round_robin', f);
       const hy = med('hybrid', f);
       const change = Number.isFinite(rr) && Number.isFinite(hy) && rr !== 0 ? `${hy >= rr ? '+' : ''}${fmt(((hy - rr) / rr) * 100, 1)}%` : '-';
-      const paperKey = Object.keys(PAPER[group] ?? {}).find((k) => name.startsWith(k));
-      rows.push([name, ...values.map((v) => fmt(v, digits)), change, paperKey ? PAPER[group]![paperKey]! : '']);
+      const paper = PAPER[`${size}|${group}`] ?? {};
+      const paperKey = Object.keys(paper).find((k) => name.startsWith(k));
+      rows.push([name, ...values.map((v) => fmt(v, digits)), change, paperKey ? paper[paperKey]! : '']);
       summary[group]![name] = Object.fromEntries(policies.map((p, i) => [p, values[i]!]));
     }
     const [condition, mix] = group.split('|');
