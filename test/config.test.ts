@@ -93,6 +93,13 @@ describe('configuration file', () => {
     assert.deepEqual(file.routes[2]!.operations!.reads, ['/kv2/get']);
   });
 
+  it('takes round_robin or boltzmann on an etcd cluster whose leader probe is off ("leader": null)', () => {
+    const file = parseFileConfig({ ...good, clusters: [good.clusters[0], { ...good.clusters[1], leader: null }], routes: [{ path: '/v3/*', cluster: 'kv', policy: 'round_robin' }, { path: '/v4/*', cluster: 'kv', preset: 'etcd', policy: 'boltzmann' }] }, 'lf.json');
+    assert.equal(file.clusters[1]!.leader, null);
+    assert.deepEqual(file.routes.map((r) => r.policy), ['round_robin', 'boltzmann']);
+    assert.equal(file.routes[0]!.operations!.reads[0], '/v3/kv/range');
+  });
+
   it('is what --config loads', () => {
     const dir = mkdtempSync(join(tmpdir(), 'lakefront-config-'));
     try {
@@ -118,10 +125,10 @@ describe('configuration file', () => {
     ['no routes', { ...good, routes: [] }, /lf\.json: routes: must be a non-empty list/],
     // Framing headers are consumed by the front door, never seen as a key: every request got 401.
     ['a framing header as the key', { ...good, routes: [{ path: '/x/*', cluster: 'boards', keyHeader: 'Content-Length' }] }, /routes\[0\]\.keyHeader: "content-length" is a hop-by-hop or framing header, not a routing key/],
-    // Without a leader probe the etcd preset and hybrid would send writes round robin.
-    ['the etcd preset on a cluster that does not probe for a leader', { ...good, routes: [{ path: '/v3/*', cluster: 'boards', preset: 'etcd' }] }, /routes\[0\]\.preset: "etcd" needs cluster "boards" to probe for its leader/],
+    // Without a leader probe hybrid would send every write round robin.
+    ['hybrid through the etcd preset on a cluster that does not probe for a leader', { ...good, routes: [{ path: '/v3/*', cluster: 'boards', preset: 'etcd' }] }, /routes\[0\]\.policy: "hybrid" pins writes to the leader, and cluster "boards" does not probe for one/],
     ['hybrid on a cluster that does not probe for a leader', { ...good, routes: [{ path: '/x/*', cluster: 'boards', policy: 'hybrid', keyHeader: null }] }, /routes\[0\]\.policy: "hybrid" pins writes to the leader, and cluster "boards" does not probe for one/],
-    ['hybrid where "leader": null turned the preset\'s probe off', { ...good, clusters: [good.clusters[0], { ...good.clusters[1], leader: null }], routes: [{ path: '/v3/*', cluster: 'kv' }] }, /routes\[0\]\.preset: "etcd" needs cluster "kv" to probe for its leader/],
+    ['hybrid where "leader": null turned the preset\'s probe off', { ...good, clusters: [good.clusters[0], { ...good.clusters[1], leader: null }], routes: [{ path: '/v3/*', cluster: 'kv' }] }, /routes\[0\]\.policy: "hybrid" pins writes to the leader, and cluster "kv" does not probe for one/],
     ['a key header that is no header name', { ...good, routes: [{ path: '/x/*', cluster: 'boards', keyHeader: 'Board Id' }] }, /routes\[0\]\.keyHeader: not a header name: "board id"/],
   ];
   for (const [name, raw, pattern] of bad) {

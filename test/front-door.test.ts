@@ -282,6 +282,8 @@ describe('front door: HTTP surface', () => {
       ['transfer-encoding: chunked, chunked\r\n', 400, 'LF_ERR_BAD_REQUEST'],
       // Empty, uWS still reads a chunked body: the front door must not take it for no body.
       ['transfer-encoding: \r\n', 400, 'LF_ERR_BAD_REQUEST'],
+      // An empty line before chunked: uWS then reads no body at all.
+      ['transfer-encoding: \r\ntransfer-encoding: chunked\r\n', 400, 'LF_ERR_BAD_REQUEST'],
       ['transfer-encoding: gzip, chunked\r\n', 501, 'LF_ERR_UNSUPPORTED'],
       // Two field lines are one list: gzip, chunked.
       ['transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n', 501, 'LF_ERR_UNSUPPORTED'],
@@ -570,7 +572,7 @@ describe('front door: the drain deadline', () => {
       await Promise.all(nodes.map((n) => n.stop()));
     }
   });
-  it('a bare write still queued for a connection at the deadline gets 503: it never left', async () => {
+  for (const upstreamClient of ['h1', 'undici'] as const) it(`a bare write still queued for a connection at the deadline gets 503: it never left (${upstreamClient})`, async () => {
     const [node] = await startNodes('q-a');
     node!.behaviour = { kind: 'hang' };
     // One connection to the node: the second write waits in the pool's queue.
@@ -582,7 +584,7 @@ describe('front door: the drain deadline', () => {
       routes: [RPC_ROUTE],
       healthIntervalMs: 60_000,
       healthTimeoutMs: 500,
-      settings: defaultSettings({ upstreamConnections: 1, drainTimeoutMs: 100, hedgeDelayMs: 60_000 }),
+      settings: defaultSettings({ upstreamClient, upstreamConnections: 1, drainTimeoutMs: 100, hedgeDelayMs: 60_000 }),
     });
     try {
       const sent = rpc(door.url, 'board.append', 'queued-1');

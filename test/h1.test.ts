@@ -347,6 +347,8 @@ describe('h1 client', () => {
     const queued = handler();
     const t1 = pool.send(request('GET', '/sent'), sent);
     const t2 = pool.send(request('GET', '/queued'), queued);
+    // Handed to a connection that is still connecting: the bytes have not left.
+    assert.equal(pool.isWritten(t1), false);
     while (held.length < 1) await new Promise((r) => setImmediate(r));
     assert.equal(pool.isWritten(t1), true);
     assert.equal(pool.isWritten(t2), false);

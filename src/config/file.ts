@@ -165,11 +165,12 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     if (preset !== undefined && preset !== 'etcd') fail(`${where}.preset`, `unknown preset "${preset}" (known: etcd)`);
     const policy = (str(r, 'policy', where) ?? (preset === 'etcd' ? 'hybrid' : 'rendezvous')) as PolicyName;
     if (!POLICY_NAMES.includes(policy)) fail(`${where}.policy`, `unknown policy "${policy}" (known: ${POLICY_NAMES.join(', ')})`);
-    // Writes go to a leader only where one is probed for: without a probe the etcd preset and
-    // hybrid would send every write round robin, followers included, and say nothing.
-    const probed = clusters.find((c) => c.name === cluster)!.leader !== null;
-    if (!probed && preset === 'etcd') fail(`${where}.preset`, `"etcd" needs cluster "${cluster}" to probe for its leader (give the cluster "preset": "etcd")`);
-    if (!probed && policy === 'hybrid') fail(`${where}.policy`, `"hybrid" pins writes to the leader, and cluster "${cluster}" does not probe for one (give the cluster "preset": "etcd")`);
+    // hybrid pins writes to the leader the cluster's probe finds: with no probe it would send
+    // every write round robin, followers included, and say nothing. (round_robin and boltzmann
+    // never read the leader.)
+    if (policy === 'hybrid' && clusters.find((c) => c.name === cluster)!.leader === null) {
+      fail(`${where}.policy`, `"hybrid" pins writes to the leader, and cluster "${cluster}" does not probe for one (set "leader": "etcd" on it, or use round_robin or boltzmann)`);
+    }
     const base: RouteConfig = preset === 'etcd' ? etcdPreset(cluster, [], policy, path).route : { pattern: path, cluster, policy, keyHeader: null };
     const keyHeader = r.keyHeader === null ? null : (str(r, 'keyHeader', where)?.toLowerCase() ?? base.keyHeader);
     if (keyHeader !== null && !/^[!#$%&'*+.^_`|~0-9a-z-]+$/.test(keyHeader)) fail(`${where}.keyHeader`, `not a header name: ${JSON.stringify(keyHeader)}`);

@@ -675,9 +675,14 @@ export class H1Pool {
     if (p.conn !== null && p.conn.pending === p) p.conn.destroy(new H1Error(H1Codes.CANCELLED, 'cancelled'));
   }
 
-  /** Whether the ticket's request has been written to a connection. */
+  /**
+   * Whether the ticket's request may have left for the node: written to a connection that is
+   * connected. (A connection still connecting holds the bytes; Node writes them only after the
+   * 'connect' listener that sets `connected` has run.)
+   */
   isWritten(ticket: H1Ticket): boolean {
-    return (ticket as Pending).conn !== null;
+    const conn = (ticket as Pending).conn;
+    return conn !== null && conn.connected;
   }
 
   /** @internal a connection finished its response and may be reused. */

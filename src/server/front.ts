@@ -470,7 +470,7 @@ export class WorkerFront {
    */
   private refuseCodings(res: HttpResponse, codings: string): void {
     const list = codings.split(',').map((c) => c.trim().toLowerCase());
-    const chunkedLastOnly = list.indexOf('chunked') === list.length - 1;
+    const chunkedLastOnly = list.indexOf('chunked') === list.length - 1 && !list.includes('');
     const reason = `transfer-encoding ${JSON.stringify(codings)} is not supported (only chunked)`;
     if (chunkedLastOnly) replyJson(res, 501, errorBody(reason, ErrorCodes.UNSUPPORTED), true);
     else replyJson(res, 400, errorBody(reason, ErrorCodes.BAD_REQUEST), true);
@@ -604,10 +604,10 @@ function scanHeader(name: string, value: string): void {
       break;
     case 17:
       if (name === 'transfer-encoding') {
+        // Every field line, joined as one list (an empty one too); checked in `proxy`.
+        scan.codings = scan.chunked ? `${scan.codings}, ${value}` : value;
         // Present at all, uWS reads a chunked body (even for an empty value).
         scan.chunked = true;
-        // Every field line, joined as one list; checked in `proxy`.
-        scan.codings = scan.codings === '' ? value : `${scan.codings}, ${value}`;
         return;
       }
       break;
