@@ -304,6 +304,31 @@ describe('front door: HTTP surface', () => {
     assert.equal(got[0]!.headers['content-length'], '2');
   });
 
+  it('refuses a WebSocket handshake with 501 and forwards nothing; other upgrades are ignored', async () => {
+    const send = (upgrade: string): Promise<string> =>
+      new Promise((resolve) => {
+        const head = `GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: ws-board\r\nupgrade: ${upgrade}\r\nconnection: upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n`;
+        const socket = connect(Number(new URL(server.url).port), '127.0.0.1', () => socket.write(head));
+        let text = '';
+        socket.on('data', (d) => {
+          text += d.toString('latin1');
+          // The h2c request is answered on a connection kept open: stop at the end of its body.
+          if (/\r\n\r\n[\s\S]*\}$/.test(text)) socket.destroy();
+        });
+        socket.on('close', () => resolve(text));
+        socket.on('error', () => undefined);
+      });
+    const refused = await send('websocket');
+    assert.match(refused, /^HTTP\/1\.1 501 /);
+    assert.match(refused, /"code":"LF_ERR_UNSUPPORTED"/);
+    assert.equal(nodes.reduce((n, node) => n + node.received.length, 0), 0, 'no node saw it');
+    const served = await send('h2c');
+    assert.match(served, /^HTTP\/1\.1 200 /);
+    const got = nodes.flatMap((node) => node.received);
+    assert.equal(got.length, 1);
+    assert.equal(got[0]!.headers.upgrade, undefined, 'a hop-by-hop header is not forwarded');
+  });
+
   it('keeps a query string and relays GET as a safe read', async () => {
     const [native] = await ranking(server.url, 'get-board');
     const reply = await call(`${server.url}/rpc/changes.read?since=42&x=%20`, { headers: { 'x-lakefront-board': 'get-board' } });

@@ -516,6 +516,14 @@ export class WorkerFront {
       retryable = isSafeMethod(method) || isIdempotentPath(url) || scan.idempotent;
       op = retryable ? OP_READ : OP_WRITE;
     }
+    // Forwarded as a plain request, a WebSocket handshake would get the node's 200 and fail.
+    // (Any other upgrade, such as h2c, is ignored, as a server may: the request is served over
+    // HTTP/1.1.)
+    if (scan.upgrade !== '' && /websocket/i.test(scan.upgrade)) {
+      this.slot.bump(C_REJECTED);
+      replyJson(res, 501, errorBody('WebSocket upgrades are not proxied', ErrorCodes.UNSUPPORTED), true);
+      return;
+    }
     if (scan.chunked && !isChunkedOnly(scan.codings)) {
       this.slot.bump(C_REJECTED);
       this.refuseCodings(res, scan.codings);
@@ -557,6 +565,8 @@ const scan = {
   chunked: false,
   /** The transfer-encoding list ('' when none). */
   codings: '',
+  /** The upgrade header ('' when none). */
+  upgrade: '',
   idempotent: false,
   begin(keyHeader: string): void {
     this.keyHeader = keyHeader;
@@ -565,6 +575,7 @@ const scan = {
     this.contentLength = '';
     this.chunked = false;
     this.codings = '';
+    this.upgrade = '';
     this.idempotent = false;
   },
 };
@@ -588,7 +599,11 @@ function scanHeader(name: string, value: string): void {
       if (name === 'expect') return;
       break;
     case 7:
-      if (name === 'trailer' || name === 'upgrade') return;
+      if (name === 'trailer') return;
+      if (name === 'upgrade') {
+        scan.upgrade = value;
+        return;
+      }
       break;
     case 10:
       if (name === 'connection' || name === 'keep-alive') return;
