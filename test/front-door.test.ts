@@ -12,7 +12,7 @@ import { route, type RouterServer } from '../src/router/index.js';
 import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
 import { FrontDoor } from '../src/server/supervisor.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
-import { call, ranking, rpc } from './fixtures/http.js';
+import { call, ranking, rawExchange, rpc, type Reply } from './fixtures/http.js';
 
 async function frontOver(nodes: FakeNode[], options: { hedgeDelayMs?: number; healthIntervalMs?: number } = {}): Promise<RouterServer> {
   return route({
@@ -28,6 +28,12 @@ async function frontOver(nodes: FakeNode[], options: { hedgeDelayMs?: number; he
 /** Waits for membership changes until `predicate` holds. */
 async function until(server: RouterServer, predicate: () => boolean): Promise<void> {
   while (!predicate()) await once(server.membership, 'change');
+}
+
+/** A JSON failure: its status and its code. */
+function assertFailure(reply: Reply, status: number, code: string): void {
+  assert.equal(reply.status, status, reply.text);
+  assert.equal(reply.json<{ code: string }>().code, code);
 }
 
 function byId(nodes: FakeNode[], id: string): FakeNode {
@@ -226,13 +232,7 @@ describe('front door: HTTP surface', () => {
     const framing = new Set(['host', 'content-length', 'transfer-encoding']);
     const names = [...DROPPED_REQUEST_HEADERS].filter((name) => !framing.has(name) && name !== 'connection');
     const head = `GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: hop-board\r\n${names.map((name) => `${name}: v\r\n`).join('')}x-kept: 1\r\nconnection: close\r\n\r\n`;
-    const answer = await new Promise<string>((resolve) => {
-      const socket = connect(Number(new URL(server.url).port), '127.0.0.1', () => socket.write(head));
-      let text = '';
-      socket.on('data', (d) => (text += d.toString('latin1')));
-      socket.on('close', () => resolve(text));
-      socket.on('error', () => undefined);
-    });
+    const answer = await rawExchange(server.url, head);
     assert.match(answer, /^HTTP\/1\.1 200/);
     const headers = byId(nodes, native!).received[0]!.headers;
     assert.equal(headers['x-kept'], '1');
@@ -244,14 +244,7 @@ describe('front door: HTTP surface', () => {
     // value with a bare CR or LF, a NUL or another control byte never reaches a handler.
     // `end`: also send FIN (uWS answers nothing to a malformed head and would otherwise hold the
     // connection until its idle timeout); a well-formed request is answered before the FIN is read.
-    const raw = (head: Buffer, end = false): Promise<string> =>
-      new Promise((resolve) => {
-        const socket = connect(Number(new URL(server.url).port), '127.0.0.1', () => (end ? socket.end(head) : socket.write(head)));
-        let text = '';
-        socket.on('data', (d) => (text += d.toString('latin1')));
-        socket.on('close', () => resolve(text));
-        socket.on('error', () => undefined);
-      });
+    const raw = (head: Buffer, end = false): Promise<string> => rawExchange(server.url, head, { end });
     const request = (value: Buffer, path = '/rpc/query.execute'): Buffer =>
       Buffer.concat([Buffer.from(`GET ${path} HTTP/1.1\r\nhost: x\r\nx-lakefront-board: inj\r\nx-evil: `), value, Buffer.from('\r\nconnection: close\r\n\r\n')]);
     for (const value of [Buffer.from('a\nx-injected: 1'), Buffer.from('a\rx-injected: 1'), Buffer.from('a\0b'), Buffer.from('a\x01b')]) {
@@ -268,14 +261,7 @@ describe('front door: HTTP surface', () => {
 
   it('refuses a transfer coding other than chunked (400 when chunked is not last, 501 otherwise) and forwards nothing', async () => {
     const send = (codingLines: string): Promise<string> =>
-      new Promise((resolve) => {
-        const head = `POST /rpc/board.append HTTP/1.1\r\nhost: x\r\nx-lakefront-board: te-board\r\n${codingLines}connection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n`;
-        const socket = connect(Number(new URL(server.url).port), '127.0.0.1', () => socket.write(head));
-        let text = '';
-        socket.on('data', (d) => (text += d.toString('latin1')));
-        socket.on('close', () => resolve(text));
-        socket.on('error', () => undefined);
-      });
+      rawExchange(server.url, `POST /rpc/board.append HTTP/1.1\r\nhost: x\r\nx-lakefront-board: te-board\r\n${codingLines}connection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n`);
     const cases: [string, number, string][] = [
       ['transfer-encoding: gzip\r\n', 400, 'LF_ERR_BAD_REQUEST'],
       ['transfer-encoding: chunked, gzip\r\n', 400, 'LF_ERR_BAD_REQUEST'],
@@ -306,18 +292,12 @@ describe('front door: HTTP surface', () => {
 
   it('refuses a WebSocket handshake with 501 and forwards nothing; other upgrades are ignored', async () => {
     const send = (upgrade: string): Promise<string> =>
-      new Promise((resolve) => {
-        const head = `GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: ws-board\r\nupgrade: ${upgrade}\r\nconnection: upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n`;
-        const socket = connect(Number(new URL(server.url).port), '127.0.0.1', () => socket.write(head));
-        let text = '';
-        socket.on('data', (d) => {
-          text += d.toString('latin1');
-          // The h2c request is answered on a connection kept open: stop at the end of its body.
-          if (/\r\n\r\n[\s\S]*\}$/.test(text)) socket.destroy();
-        });
-        socket.on('close', () => resolve(text));
-        socket.on('error', () => undefined);
-      });
+      rawExchange(
+        server.url,
+        `GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: ws-board\r\nupgrade: ${upgrade}\r\nconnection: upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n`,
+        // The h2c request is answered on a connection kept open: stop at the end of its body.
+        { done: (text) => /\r\n\r\n[\s\S]*\}$/.test(text) },
+      );
     const refused = await send('websocket');
     assert.match(refused, /^HTTP\/1\.1 501 /);
     assert.match(refused, /"code":"LF_ERR_UNSUPPORTED"/);
@@ -584,10 +564,8 @@ describe('front door: the drain deadline', () => {
       const closed = once(partial, 'close');
       await server.stop();
       const [writeReply, readReply] = await Promise.all([write, read]);
-      assert.equal(writeReply.status, 502);
-      assert.equal(writeReply.json<{ code: string }>().code, 'LF_ERR_OUTCOME_UNKNOWN');
-      assert.equal(readReply.status, 503);
-      assert.equal(readReply.json<{ code: string }>().code, 'LF_ERR_SHUTTING_DOWN');
+      assertFailure(writeReply, 502, 'LF_ERR_OUTCOME_UNKNOWN');
+      assertFailure(readReply, 503, 'LF_ERR_SHUTTING_DOWN');
       await closed;
       assert.match(partialReply, /^HTTP\/1\.1 503 /);
       assert.match(partialReply, /"code":"LF_ERR_SHUTTING_DOWN"/);
@@ -619,10 +597,8 @@ describe('front door: the drain deadline', () => {
       while (((await door.stats()) as { requests: number }).requests < 2);
       await door.stop();
       const [sentReply, queuedReply] = await Promise.all([sent, queued]);
-      assert.equal(sentReply.status, 502);
-      assert.equal(sentReply.json<{ code: string }>().code, 'LF_ERR_OUTCOME_UNKNOWN');
-      assert.equal(queuedReply.status, 503);
-      assert.equal(queuedReply.json<{ code: string }>().code, 'LF_ERR_SHUTTING_DOWN');
+      assertFailure(sentReply, 502, 'LF_ERR_OUTCOME_UNKNOWN');
+      assertFailure(queuedReply, 503, 'LF_ERR_SHUTTING_DOWN');
       assert.deepEqual(node!.received.map((r) => r.headers['x-lakefront-board']), ['queued-1']);
     } finally {
       await node!.stop();

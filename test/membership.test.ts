@@ -5,98 +5,87 @@
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { createServer, type Socket } from 'node:net';
-import { describe, it, mock } from 'node:test';
+import { afterEach, beforeEach, describe, it, mock } from 'node:test';
 import { Membership } from '../src/membership/membership.js';
 import { PollLoop } from '../src/membership/poll.js';
 import { startNodes } from './fixtures/fake-node.js';
 
-describe('PollLoop', () => {
-  it('counts the interval from the start of one round to the start of the next', async () => {
-    mock.timers.enable({ apis: ['setTimeout'] });
-    try {
-      let clock = 0;
-      const started: number[] = [];
-      let finishRound: () => void = () => {};
-      const loop = new PollLoop(
-        1000,
-        () => {
-          started.push(clock);
-          return new Promise<void>((resolve) => (finishRound = resolve));
-        },
-        () => clock,
-      );
-      loop.start();
-      clock = 1000;
-      mock.timers.tick(1000);
-      assert.deepEqual(started, [1000]);
-      // The round takes 400 ms (a member at its probe deadline): the next starts 600 ms later.
-      clock = 1400;
+/**
+ * A PollLoop over a fake clock (mock timers move time for setTimeout, `at` for the loop's own
+ * clock), started and run to its first round, at `intervalMs`. Each round records when it
+ * started and runs until `finish()`.
+ */
+function firstRound(intervalMs: number): { loop: PollLoop; started: number[]; at(ms: number): void; finish(): Promise<void> } {
+  let clock = 0;
+  const started: number[] = [];
+  let finishRound: () => void = () => {};
+  const loop = new PollLoop(
+    intervalMs,
+    () => {
+      started.push(clock);
+      return new Promise<void>((resolve) => (finishRound = resolve));
+    },
+    () => clock,
+  );
+  loop.start();
+  clock = intervalMs;
+  mock.timers.tick(intervalMs);
+  assert.deepEqual(started, [intervalMs]);
+  return {
+    loop,
+    started,
+    at: (ms) => void (clock = ms),
+    // Ends the round under way, and lets its `finally` run.
+    async finish() {
       finishRound();
       await Promise.resolve();
       await Promise.resolve();
-      clock = 1999;
-      mock.timers.tick(599);
-      assert.deepEqual(started, [1000], 'not before the interval has passed since the last start');
-      clock = 2000;
-      mock.timers.tick(1);
-      assert.deepEqual(started, [1000, 2000]);
-      // A round that outlasts the interval is followed at once, never overlapped.
-      clock = 3500;
-      mock.timers.tick(1500);
-      assert.deepEqual(started, [1000, 2000], 'no second round while one is under way');
-      finishRound();
-      await Promise.resolve();
-      await Promise.resolve();
-      mock.timers.tick(0);
-      assert.deepEqual(started, [1000, 2000, 3500]);
-      loop.stop();
-      mock.timers.tick(5000);
-      assert.equal(started.length, 3);
-    } finally {
-      mock.timers.reset();
-    }
-  });
-});
+    },
+  };
+}
 
-describe('PollLoop restarted', () => {
+describe('PollLoop', () => {
+  beforeEach(() => mock.timers.enable({ apis: ['setTimeout'] }));
+  afterEach(() => mock.timers.reset());
+
+  it('counts the interval from the start of one round to the start of the next', async () => {
+    const { loop, started, at, finish } = firstRound(1000);
+    // The round takes 400 ms (a member at its probe deadline): the next starts 600 ms later.
+    at(1400);
+    await finish();
+    at(1999);
+    mock.timers.tick(599);
+    assert.deepEqual(started, [1000], 'not before the interval has passed since the last start');
+    at(2000);
+    mock.timers.tick(1);
+    assert.deepEqual(started, [1000, 2000]);
+    // A round that outlasts the interval is followed at once, never overlapped.
+    at(3500);
+    mock.timers.tick(1500);
+    assert.deepEqual(started, [1000, 2000], 'no second round while one is under way');
+    await finish();
+    mock.timers.tick(0);
+    assert.deepEqual(started, [1000, 2000, 3500]);
+    loop.stop();
+    mock.timers.tick(5000);
+    assert.equal(started.length, 3);
+  });
+
   it('a stop() and start() during a round leave one chain of rounds, not two', async () => {
-    mock.timers.enable({ apis: ['setTimeout'] });
-    try {
-      let clock = 0;
-      const started: number[] = [];
-      let finishRound: () => void = () => {};
-      const loop = new PollLoop(
-        1000,
-        () => {
-          started.push(clock);
-          return new Promise<void>((resolve) => (finishRound = resolve));
-        },
-        () => clock,
-      );
-      loop.start();
-      clock = 1000;
-      mock.timers.tick(1000);
-      const first = finishRound;
-      loop.stop();
-      loop.start();
-      // The round that was under way ends now: it must not schedule a chain of its own.
-      clock = 1100;
-      first();
-      await Promise.resolve();
-      await Promise.resolve();
-      clock = 2000;
-      mock.timers.tick(1000);
-      assert.deepEqual(started, [1000, 2000], 'the restart\'s round only');
-      finishRound();
-      await Promise.resolve();
-      await Promise.resolve();
-      clock = 3000;
-      mock.timers.tick(1000);
-      assert.deepEqual(started, [1000, 2000, 3000], 'one round a second');
-      loop.stop();
-    } finally {
-      mock.timers.reset();
-    }
+    const { loop, started, at, finish } = firstRound(1000);
+    loop.stop();
+    loop.start();
+    // The round that was under way ends now: it must not schedule a chain of its own.
+    at(1100);
+    await finish();
+    at(2000);
+    mock.timers.tick(1000);
+    assert.deepEqual(started, [1000, 2000], 'the restart\'s round only');
+    await finish();
+    at(3000);
+    mock.timers.tick(1000);
+    assert.deepEqual(started, [1000, 2000, 3000], 'one round a second');
+    loop.stop();
   });
 });
 
