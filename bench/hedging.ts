@@ -5,12 +5,13 @@
  *
  *   node dist/bench/hedging.js [--quick] [--repeats 5] [--seconds 15] [--rate 2000]
  *
- * Reports client-side p50/p99/p99.9 (microseconds, HDR) and extra upstream requests: attempts
- * the nodes received beyond the requests answered, from Lakefront's own /stats.
+ * Reports client-side p50/p99/p99.9 (microseconds, HDR) and extra upstream requests: requests
+ * the nodes received (counted by the bench upstream itself) beyond the client requests Lakefront
+ * answered (its /stats).
  */
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { startLakefront, startUpstream, type Contender } from './lib/contenders.js';
+import { startLakefront, startUpstream, type Contender, type Upstream } from './lib/contenders.js';
 import { openLoop, type OpenLoopResult } from './lib/openloop.js';
 import { ROOT, pause } from './lib/procs.js';
 import { fmt, machine, median, spread, table, updateSection, writeResult } from './lib/report.js';
@@ -41,7 +42,6 @@ interface Stats {
   requests: number;
   hedges: number;
   hedgeWins: number;
-  nodes: Record<string, { attempts: number }>;
 }
 
 async function stats(c: Contender): Promise<Stats> {
@@ -49,8 +49,10 @@ async function stats(c: Contender): Promise<Stats> {
   return (await res.json()) as Stats;
 }
 
-function attempts(s: Stats): number {
-  return Object.values(s.nodes).reduce((sum, n) => sum + n.attempts, 0);
+/** Requests the upstream nodes received (all three live in one process). */
+async function received(upstream: Upstream): Promise<number> {
+  const res = await fetch(`http://127.0.0.1:${upstream.ports[0]}/__received`);
+  return ((await res.json()) as { received: number }).received;
 }
 
 interface Row {
@@ -85,10 +87,12 @@ async function main(): Promise<void> {
       for (const { name, c } of contenders) {
         await pause(300);
         const before = await stats(c);
+        const receivedBefore = await received(upstream);
         const result = await load(c.url, seconds);
         const after = await stats(c);
         const served = after.requests - before.requests;
-        const extra = attempts(after) - attempts(before) - served;
+        // Counted where they land: every request the nodes received beyond one a client request.
+        const extra = (await received(upstream)) - receivedBefore - served;
         const row: Row = {
           p50: result.p50Us,
           p99: result.p99Us,
@@ -135,7 +139,7 @@ function report(rows: Record<string, Row[]>): void {
   const command = `node dist/bench/hedging.js ${process.argv.slice(2).join(' ')}`.trim();
   const body = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
-    `Command: \`${command}\`. Three upstream nodes; each request stalls ${stallMs} ms with probability ${stallP * 100}%. Lakefront at 2 threads per mode; open-loop load of ${rate} req/s (bench/lib/openloop.ts: fixed schedule, latency from each request's scheduled time) of GET \`/rpc/query.execute\` (retryable) over 1,024 boards, ${seconds} s per run, ${repeats} interleaved repeats, medians (spread min-max).`,
+    `Command: \`${command}\`. Three upstream nodes; each request stalls ${stallMs} ms with probability ${stallP * 100}%. Lakefront at 2 threads per mode; open-loop load of ${rate} req/s (bench/lib/openloop.ts: fixed schedule, latency from each request's scheduled time) of GET \`/rpc/query.execute\` (retryable) over 1,024 boards, ${seconds} s per run, ${repeats} interleaved repeats, medians (spread min-max). Extra upstream requests: what the nodes received (their own count) beyond the client requests answered.`,
     '',
     table(['mode', 'p50 us', 'p99 us', 'p99.9 us', 'p99 cut vs none', 'extra upstream requests', 'answered by the hedge'], lines),
   ].join('\n');

@@ -62,6 +62,7 @@ async function measure(c: Contender): Promise<{ before: number; after: number; o
 async function main(): Promise<void> {
   const upstream = await startUpstream();
   const rows: string[][] = [];
+  const skipped: string[] = [];
   try {
     const lakefront = await startLakefront(upstream, { threads });
     const lf = await measure(lakefront);
@@ -72,6 +73,9 @@ async function main(): Promise<void> {
       const ng = await measure(nginx);
       await nginx.proc!.stop();
       rows.push([nginx.name, fmt(ng.before / 2 ** 20, 1), fmt(ng.after / 2 ** 20, 1), fmt((ng.after - ng.before) / target, 0), String(ng.open), fmt(ng.seconds, 1)]);
+    } else {
+      skipped.push(`skip nginx: ${nginx}`);
+      process.stdout.write(`${skipped.at(-1)}\n`);
     }
   } finally {
     await upstream.proc.stop();
@@ -83,6 +87,7 @@ async function main(): Promise<void> {
     `Command: \`${command}\`: ${fmt(target)} client connections, each sends one \`GET /health\` with keep-alive and stays open; resident memory (VmRSS, every thread and process) read 0.5 s after the last answer.`,
     '',
     table(['front', 'RSS before MiB', `RSS with ${fmt(target)} idle connections MiB`, 'bytes per connection', 'still open at reading', 'seconds to open all'], rows),
+    ...(skipped.length > 0 ? ['', ...skipped] : []),
   ].join('\n');
   process.stdout.write(`${body}\n`);
   if (values['no-write']) return;

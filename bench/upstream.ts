@@ -50,6 +50,9 @@ function bodyOf(size: number): Buffer {
   return body;
 }
 
+/** Requests received by every node of this process (health checks and counts excluded). */
+let received = 0;
+
 const ports: number[] = [];
 const wanted = values.ports!.split(',').map(Number);
 let pending = wanted.length;
@@ -59,7 +62,12 @@ wanted.forEach((port, index) => {
   app.get('/health', (res) => {
     res.end('{"ok":true}');
   });
+  // What the nodes received, for benches that count upstream requests (the hedging bench).
+  app.get('/__received', (res) => {
+    res.end(JSON.stringify({ received }));
+  });
   app.any('/*', (res, req) => {
+    received++;
     const bytesParam = req.getQuery('bytes');
     const size = bytesParam ? Number(bytesParam) : bodyBytes;
     let aborted = false;

@@ -637,3 +637,25 @@ describe('front door: start-up', () => {
     }
   });
 });
+
+describe('front door: a cluster larger than an exchange holds', () => {
+  it('fails a read over at most 64 nodes and answers 502, the worker alive (70 nodes, all failing)', async () => {
+    const nodes = await startNodes(...Array.from({ length: 70 }, (_, i) => `big-${i}`));
+    for (const node of nodes) node.behaviour = { kind: 'answer', status: 503 };
+    const server = await route({ nodes: nodes.map((n) => ({ id: n.id, url: n.url })), port: 0, host: '127.0.0.1', threads: 1, healthIntervalMs: 60_000 });
+    try {
+      let exits = 0;
+      server.frontDoor.on('worker-exit', () => exits++);
+      for (let i = 0; i < 2; i++) {
+        const reply = await rpc(server.url, 'query.execute', `big-board-${i}`);
+        assertFailure(reply, 502, 'LF_ERR_ALL_CANDIDATES_FAILED');
+        assert.equal(reply.json<{ attempted: string[] }>().attempted.length, 64);
+      }
+      assert.equal(nodes.reduce((sum, n) => sum + n.hits('/rpc/'), 0), 128);
+      assert.equal(exits, 0, 'no worker crashed');
+    } finally {
+      await server.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+});

@@ -125,7 +125,8 @@ class ProxyRequest implements ProxiedRequest {
     exchange.failoverUnsent = this.route.spec.failoverUnsent;
     exchange.op = this.op;
     if (exchange.hedgeEnabled) runtime.hedgeBudget.deposit();
-    exchange.count = this.route.policy.pick(this.key, this.op, exchange.candidates);
+    // A policy ranks every routable node; the exchange holds at most MAX_CANDIDATES of them.
+    exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates), exchange.candidates.length);
     this.exchange = exchange;
     exchange.begin();
   }
