@@ -271,6 +271,29 @@ describe('Exchange', () => {
     assert.equal(driver.tally.failovers, 0);
   });
 
+  it('fails over at once when the hedge fails while the primary it raced hangs', (t) => {
+    t.mock.timers.enable({ apis: ['setTimeout'] });
+    const driver = new ScriptedDriver(2);
+    const ex = exchangeOver(driver, [0, 1, 2, 3], true);
+    ex.begin();
+    t.mock.timers.tick(2);
+    assert.equal(driver.started.length, 2, 'hedged');
+    // The hedge fails; the primary, already past its trigger, is still running.
+    ex.failed(1, new Error('reset'));
+    assert.deepEqual(driver.started.map((s) => s.node), [0, 1, 2], 'the next node is tried now');
+    assert.equal(driver.started[0]!.aborted, false, 'the primary keeps racing');
+    assert.equal(driver.tally.failovers, 1);
+    // So is the one after it, if that fails too.
+    ex.answered(2, 503, null, body, 1);
+    assert.deepEqual(driver.started.map((s) => s.node), [0, 1, 2, 3]);
+    // With no candidate left, the primary is waited for, not given up on.
+    ex.failed(3, new Error('reset'));
+    assert.equal(driver.settledWith, null);
+    ex.answered(0, 200, null, body, 40);
+    assert.equal(ex.servedBy, 0);
+    assert.equal(driver.tally.hedges, 1, 'failovers are no further hedges');
+  });
+
   it('re-arms the hedge clock for the node that takes over after a failover', (t) => {
     t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(10);

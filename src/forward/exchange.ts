@@ -223,7 +223,7 @@ export class Exchange implements HedgeWaiter {
     if (!this.finish(ordinal)) return;
     if (this.done) return;
     if (this.retryable && isGatewayFailure(status)) {
-      this.next(false);
+      this.next(false, ordinal);
       return;
     }
     this.done = true;
@@ -247,14 +247,22 @@ export class Exchange implements HedgeWaiter {
   failed(ordinal: number, error: unknown): void {
     if (!this.finish(ordinal)) return;
     if (this.done) return;
-    this.next(this.failoverUnsent && isUnsent(error));
+    this.next(this.failoverUnsent && isUnsent(error), ordinal);
   }
 
-  /** After a failed attempt: try the next candidate if allowed (`unsentSafe`: it may, being unsent). */
-  private next(unsentSafe: boolean): void {
-    // Another attempt (the hedge, or the primary it raced) is still running and may answer:
-    // wait for it rather than adding load with a further attempt.
-    if (this.inflight > 0) return;
+  /**
+   * After the attempt at `ordinal` failed: try the next candidate if allowed (`unsentSafe`: it
+   * may, being unsent).
+   */
+  private next(unsentSafe: boolean, ordinal: number): void {
+    // Another attempt is still running and may answer. If it is the newest (the hedge, or a
+    // failover, that the failed primary was racing), wait for it rather than add load. If the
+    // newest attempt failed, the one still running is a primary already past its trigger (it was
+    // hedged): waiting on it could take the whole request timeout, so the next node is tried.
+    if (this.inflight > 0) {
+      const racerFailed = this.hedged && ordinal === this.launched - 1;
+      if (!racerFailed || !(this.retryable || unsentSafe) || this.launched >= this.count) return;
+    }
     if ((this.retryable || unsentSafe) && this.launched < this.count) {
       this.driver.counters.failover();
       // The wait was for the failed primary's trigger; the new primary gets its own.
