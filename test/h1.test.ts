@@ -293,6 +293,24 @@ describe('h1 client', () => {
     assert.equal(isUnsent(out.error), true);
   });
 
+  it('never calls a request unsent once its connection was made, whatever the error code', async () => {
+    const held: RawRequest[] = [];
+    const { server, pool } = await setup((req) => held.push(req), { connections: 1 });
+    const pending = send(pool, request('POST', '/written', [], 'w'));
+    while (held.length < 1) await new Promise((r) => setImmediate(r));
+    // A connection-level code after the connect (a route lost, say) proves nothing about the
+    // request already written. (The connection is reached through the pool's internals: there
+    // is no way to make the kernel report EHOSTUNREACH on loopback.)
+    const [conn] = (pool as unknown as { all: Set<{ socket: Socket }> }).all;
+    conn!.socket.destroy(Object.assign(new Error('host unreachable'), { code: 'EHOSTUNREACH' }));
+    const out = await pending;
+    assert.equal(out.error?.code, 'EHOSTUNREACH');
+    assert.equal(isUnsent(out.error), false, 'it was written: a failover must not resend it');
+    // Without the transport's word, the code decides (undici's connect errors).
+    assert.equal(isUnsent(Object.assign(new Error('refused'), { code: 'ECONNREFUSED' })), true);
+    server.close();
+  });
+
   it('frames by transfer-encoding over content-length, and by the connection end when chunked is not last', async () => {
     let n = 0;
     const { server, pool } = await setup((req) => {

@@ -89,11 +89,15 @@ const UNSENT_CODES: ReadonlySet<string> = new Set(['ECONNREFUSED', 'UND_ERR_CONN
 
 /**
  * Whether a failed attempt provably never reached the node: its connection was refused, or it
- * never left the queue. Anything else (a reset, a timeout after writing) may have landed.
+ * never left the queue. Anything else (a reset, a timeout after writing, any error on a connection
+ * that was made) may have landed.
  */
 export function isUnsent(error: unknown): boolean {
   const e = error as { code?: unknown; unsent?: unknown } | null;
-  return e !== null && typeof e === 'object' && (e.unsent === true || (typeof e.code === 'string' && UNSENT_CODES.has(e.code)));
+  if (e === null || typeof e !== 'object') return false;
+  // A transport that knows (h1 marks every error) is believed; otherwise the code decides.
+  if (typeof e.unsent === 'boolean') return e.unsent;
+  return typeof e.code === 'string' && UNSENT_CODES.has(e.code);
 }
 
 /** Statuses that say the node could not serve: the attempt counts as failed. */

@@ -261,9 +261,16 @@ class H1Connection {
       else {
         p.done = true;
         // Never connected: the request was buffered, never sent. Say so, whatever the cause.
-        const reported = this.connected || (error as { unsent?: boolean }).unsent === true
+        // Connected: it may have been sent, whatever the code says (EHOSTUNREACH after the
+        // connect is no proof of anything), so the error says `unsent: false` outright.
+        const code = (error as { code?: string }).code ?? H1Codes.CLOSED;
+        const reported = (error as { unsent?: boolean }).unsent === true
           ? error
-          : new H1Error((error as { code?: string }).code ?? H1Codes.CLOSED, error.message, true);
+          : !this.connected
+            ? new H1Error(code, error.message, true)
+            : error instanceof H1Error
+              ? error
+              : new H1Error(code, error.message, false);
         p.handler.onError(reported);
       }
     }
