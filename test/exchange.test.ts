@@ -223,6 +223,16 @@ describe('Exchange', () => {
     assert.deepEqual(driver.tally, { hedges: 0, hedgeWins: 0, failovers: 0 });
   });
 
+  it('a bare write that provably never left (connection refused) is answered 503 NOT_SENT, not resent', () => {
+    const driver = new ScriptedDriver(1_000);
+    const ex = exchangeOver(driver, [0, 1, 2], false);
+    ex.begin();
+    ex.failed(0, Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' }));
+    assert.equal(driver.started.length, 1, 'never failed over (the route does not allow it)');
+    assert.equal(ex.failure?.code, ErrorCodes.NOT_SENT);
+    assert.equal(ex.failure?.status, 503);
+  });
+
   it('a bare write relays a 503 answer rather than retrying it', () => {
     const driver = new ScriptedDriver(1_000);
     const ex = exchangeOver(driver, [0, 1], false);

@@ -378,6 +378,22 @@ describe('front door: HTTP surface', () => {
     for (const n of nodes) assert.equal(n.hits(), n.id === primary ? 1 : 0);
   });
 
+  it('tells the caller a bare write whose node refused the connection was not sent (503), and sends it nowhere else', async () => {
+    const [gone] = await startNodes('gone');
+    const solo = await route({ nodes: [{ id: 'gone', url: gone!.url }, ...nodes.map((n) => ({ id: n.id, url: n.url }))], port: 0, host: '127.0.0.1', threads: 1, healthIntervalMs: 60_000 });
+    try {
+      let board = '';
+      for (let i = 0; board === ''; i++) if ((await ranking(solo.url, `refused-${i}`))[0] === 'gone') board = `refused-${i}`;
+      // The node goes down between two health polls: its port refuses connections.
+      await gone!.stop();
+      const reply = await rpc(solo.url, 'board.append', board);
+      assertFailure(reply, 503, 'LF_ERR_NOT_SENT');
+      for (const n of nodes) assert.equal(n.hits(), 0, `${n.id} was not sent the write`);
+    } finally {
+      await solo.stop();
+    }
+  });
+
   it('hedges a keyed write (x-lakefront-idempotent: 1)', async () => {
     const [primary, runnerUp] = await ranking(server.url, 'keyed-board');
     byId(nodes, primary!).behaviour = { kind: 'answer', delayMs: 5_000 };

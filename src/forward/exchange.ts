@@ -251,14 +251,15 @@ export class Exchange implements HedgeWaiter {
   failed(ordinal: number, error: unknown): void {
     if (!this.finish(ordinal)) return;
     if (this.done) return;
-    this.next(this.failoverUnsent && isUnsent(error), ordinal);
+    const unsent = isUnsent(error);
+    this.next(this.failoverUnsent && unsent, ordinal, unsent);
   }
 
   /**
    * After the attempt at `ordinal` failed: try the next candidate if allowed (`unsentSafe`: it
-   * may, being unsent).
+   * may, being unsent). `unsent`: the failed attempt provably never reached its node.
    */
-  private next(unsentSafe: boolean, ordinal: number): void {
+  private next(unsentSafe: boolean, ordinal: number, unsent = false): void {
     // Another attempt is still running and may answer. If it is the newest (the hedge, or a
     // failover, that the failed primary was racing), wait for it rather than add load. If the
     // newest attempt failed, the one still running is a primary already past its trigger (it was
@@ -279,6 +280,10 @@ export class Exchange implements HedgeWaiter {
     }
     if (this.retryable) {
       this.fail(ErrorCodes.ALL_CANDIDATES_FAILED, 502, 'every candidate node failed');
+    } else if (unsent) {
+      // Provably never sent (the connection was refused, or it never left the queue): the
+      // caller can know it was not applied.
+      this.fail(ErrorCodes.NOT_SENT, 503, 'the node could not be reached: the request was not sent');
     } else {
       this.fail(
         ErrorCodes.OUTCOME_UNKNOWN,
