@@ -141,6 +141,16 @@ describe('Router (in process, over fetch)', () => {
     assert.equal(nodes.reduce((s, n, i) => s + n.hits() - hitsBefore[i]!, 0), 1);
   });
 
+  it('says a bare write whose node refused the connection was not sent', async () => {
+    const [down] = await startNodes('r-down');
+    const router2 = new Router({ membership: new Membership({ members: [{ id: down!.id, url: down!.url }] }) });
+    await down!.stop();
+    const result = await router2.forward('lib-refused', '/rpc/board.append', '{}');
+    assert.equal(result.status, 503);
+    assert.match(result.body, /LF_ERR_NOT_SENT/);
+    assert.deepEqual(result.attempted, ['r-down']);
+  });
+
   it('fails a retryable write over when told it is retryable', async () => {
     const [primary, second] = router.route('lib-keyed');
     node(primary!.id).behaviour = { kind: 'reset' };

@@ -178,7 +178,8 @@ export class Router {
           })
           .catch((err: unknown) => {
             clearTimeout(timer);
-            exchange.failed(ordinal, err);
+            // fetch wraps the socket's error (ECONNREFUSED: nothing was sent) in its `cause`.
+            exchange.failed(ordinal, (err as { cause?: unknown }).cause ?? err);
           });
         return { abort: () => controller.abort() };
       },
