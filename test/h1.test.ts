@@ -7,6 +7,7 @@ import { once } from 'node:events';
 import { createServer, type AddressInfo, type Server, type Socket } from 'node:net';
 import { after, describe, it } from 'node:test';
 import { isUnsent } from '../src/forward/exchange.js';
+import { undiciFailure } from '../src/forward/upstream.js';
 import { H1Agent, H1Codes, headBlock, type H1Handler, type H1Pool, type H1Request } from '../src/forward/h1.js';
 
 interface RawRequest {
@@ -306,8 +307,16 @@ describe('h1 client', () => {
     const out = await pending;
     assert.equal(out.error?.code, 'EHOSTUNREACH');
     assert.equal(isUnsent(out.error), false, 'it was written: a failover must not resend it');
-    // Without the transport's word, the code decides (undici's connect errors).
+    // Without the transport's word, only a code that arises before any connection decides.
     assert.equal(isUnsent(Object.assign(new Error('refused'), { code: 'ECONNREFUSED' })), true);
+    assert.equal(isUnsent(Object.assign(new Error('unreachable'), { code: 'EHOSTUNREACH' })), false);
+    // The undici transport says: on a socket (onConnect ran, the request was written) it may
+    // have been sent, whatever the code; never on one, it was not.
+    const unreachable = Object.assign(new Error('unreachable'), { code: 'EHOSTUNREACH' });
+    assert.equal(isUnsent(undiciFailure(unreachable, false)), false);
+    assert.equal(isUnsent(undiciFailure(unreachable, true)), true);
+    assert.equal(isUnsent(undiciFailure(Object.assign(new Error('refused'), { code: 'ECONNREFUSED' }), false)), false);
+    assert.equal(undiciFailure(unreachable, false).code, 'EHOSTUNREACH');
     server.close();
   });
 

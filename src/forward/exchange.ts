@@ -11,10 +11,12 @@
  *   unanswered: see budget.ts);
  *   the first good answer wins and every other attempt is cancelled.
  * - A retryable request fails over down the whole ranking when an attempt fails and no other
- *   attempt is still running; when every candidate has failed it settles as
+ *   attempt is still running, or when the newest of two racing attempts fails (the older one,
+ *   past its trigger, keeps racing); when every candidate has failed it settles as
  *   `ALL_CANDIDATES_FAILED` (502). At most one hedge fires per request.
  * - A request that is not retryable gets exactly one attempt on one node: no hedge, no failover.
- *   If that attempt fails the outcome is unknown to us and it settles as `OUTCOME_UNKNOWN` (502).
+ *   If that attempt fails the outcome is unknown to us and it settles as `OUTCOME_UNKNOWN` (502),
+ *   unless it provably sent nothing (`NOT_SENT`, 503).
  *   One exception, off unless the route asks for it (`failoverUnsent`): an attempt that provably
  *   sent nothing (connection refused) may be followed by one on the next candidate.
  *
@@ -84,8 +86,12 @@ export interface ExchangeDriver {
   readonly counters: ExchangeCounters;
 }
 
-/** Error codes that mean nothing was sent: the connection was never made. */
-const UNSENT_CODES: ReadonlySet<string> = new Set(['ECONNREFUSED', 'UND_ERR_CONNECT_TIMEOUT', 'ENOTFOUND', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL']);
+/**
+ * Error codes that mean nothing was sent, for errors from a transport that does not say: they only
+ * arise before a connection exists. (EHOSTUNREACH and ENETUNREACH are not among them: they can
+ * also end a connection after a request was written.)
+ */
+const UNSENT_CODES: ReadonlySet<string> = new Set(['ECONNREFUSED', 'UND_ERR_CONNECT_TIMEOUT', 'ENOTFOUND', 'EADDRNOTAVAIL']);
 
 /**
  * Whether a failed attempt provably never reached the node: its connection was refused, or it

@@ -168,7 +168,8 @@ export class Router {
         const timer = setTimeout(() => controller.abort(new Error('request timeout')), router.requestTimeoutMs);
         const started = exchange.launchedAt;
         router
-          .fetchImpl(target.url + ctx.path, { method: 'POST', headers: ctx.headers, body: ctx.body, signal: controller.signal })
+          // A node's redirect is its answer, relayed as it is: a proxy does not follow it.
+          .fetchImpl(target.url + ctx.path, { method: 'POST', headers: ctx.headers, body: ctx.body, signal: controller.signal, redirect: 'manual' })
           .then(async (res) => {
             const buf = Buffer.from(await res.arrayBuffer());
             clearTimeout(timer);
@@ -178,8 +179,10 @@ export class Router {
           })
           .catch((err: unknown) => {
             clearTimeout(timer);
-            // fetch wraps the socket's error (ECONNREFUSED: nothing was sent) in its `cause`.
-            exchange.failed(ordinal, (err as { cause?: unknown }).cause ?? err);
+            // fetch wraps the socket's error in its `cause`; only a refused connection proves
+            // that nothing was sent (fetch may have followed a redirect, or written first).
+            const cause = (err as { cause?: { code?: unknown } }).cause;
+            exchange.failed(ordinal, cause?.code === 'ECONNREFUSED' ? cause : err);
           });
         return { abort: () => controller.abort() };
       },
