@@ -263,14 +263,9 @@ class H1Connection {
         // Never connected: the request was buffered, never sent. Say so, whatever the cause.
         // Connected: it may have been sent, whatever the code says (EHOSTUNREACH after the
         // connect is no proof of anything), so the error says `unsent: false` outright.
-        const code = (error as { code?: string }).code ?? H1Codes.CLOSED;
-        const reported = (error as { unsent?: boolean }).unsent === true
+        const reported = error instanceof H1Error && (error.unsent || this.connected)
           ? error
-          : !this.connected
-            ? new H1Error(code, error.message, true)
-            : error instanceof H1Error
-              ? error
-              : new H1Error(code, error.message, false);
+          : new H1Error((error as { code?: string }).code ?? H1Codes.CLOSED, error.message, !this.connected);
         p.handler.onError(reported);
       }
     }

@@ -279,7 +279,7 @@ class DispatchAttempt extends CancellableAttempt {
       return;
     }
     this.transport.observer.attemptEnded(this.node, false, performance.now() - this.startedAt, err, this.exchange.op);
-    if (!this.cancelled) this.exchange.failed(this.ordinal, undiciFailure(err, this.abortFn === null));
+    if (!this.cancelled) this.exchange.failed(this.ordinal, undiciFailure(err, !this.mayHaveBeenSent()));
   }
 
   onResponseStarted(): void {}
@@ -293,8 +293,8 @@ class DispatchAttempt extends CancellableAttempt {
  * An undici error as the exchange judges it: never on a socket (no onConnect; undici writes a
  * request right after it, one at a time per connection) means nothing was sent, whatever the
  * code; once on a socket, it may have been, whatever the code (EHOSTUNREACH can follow a write).
+ * @internal exported for tests
  */
-/** @internal exported for tests */
 export function undiciFailure(err: Error, neverOnSocket: boolean): Error & { code: unknown; unsent: boolean } {
   const code = (err as { code?: unknown }).code;
   return Object.assign(new Error(err.message, { cause: err }), { code, unsent: neverOnSocket });

@@ -158,10 +158,8 @@ export class Membership extends EventEmitter {
 
   /** Marks a member unhealthy now, outside the poll cadence; the next good probe restores it. */
   markUnhealthy(id: string): void {
-    const state = this.stateOf(id);
-    if (!state.healthy) return;
-    state.healthy = false;
-    this.emit('change');
+    this.stateOf(id);
+    this.verdict(id, false);
   }
 
   private verdict(id: string, healthy: boolean): void {

@@ -179,8 +179,7 @@ class ProxyRequest implements ProxiedRequest {
 
   private reject(status: number, body: string, close: boolean): void {
     this.answered = true;
-    this.front.slot.bump(C_REJECTED);
-    replyJson(this.res, status, body, close);
+    this.front.refuse(this.res, status, body, close);
     this.finish();
   }
 
@@ -410,8 +409,7 @@ export class WorkerFront {
     app.get('/stats', (res) => this.stats(res));
     for (const route of this.routes) app.any(route.spec.pattern, (res, req) => this.proxy(route, res, req));
     app.any('/*', (res) => {
-      this.slot.bump(C_REJECTED);
-      replyJson(res, 404, JSON.stringify({ error: 'not found' }), this.draining);
+      this.refuse(res, 404, JSON.stringify({ error: 'not found' }), this.draining);
     });
   }
 
@@ -473,8 +471,14 @@ export class WorkerFront {
     const list = codings.split(',').map((c) => c.trim().toLowerCase());
     const chunkedLastOnly = list.indexOf('chunked') === list.length - 1 && !list.includes('');
     const reason = `transfer-encoding ${JSON.stringify(codings)} is not supported (only chunked)`;
-    if (chunkedLastOnly) replyJson(res, 501, errorBody(reason, ErrorCodes.UNSUPPORTED), true);
-    else replyJson(res, 400, errorBody(reason, ErrorCodes.BAD_REQUEST), true);
+    if (chunkedLastOnly) this.refuse(res, 501, errorBody(reason, ErrorCodes.UNSUPPORTED), true);
+    else this.refuse(res, 400, errorBody(reason, ErrorCodes.BAD_REQUEST), true);
+  }
+
+  /** @internal The front door answers a request itself (4xx or 501), counted as rejected. */
+  refuse(res: HttpResponse, status: number, body: string, close: boolean): void {
+    this.slot.bump(C_REJECTED);
+    replyJson(res, status, body, close);
   }
 
   private proxy(route: BoundRoute, res: HttpResponse, req: HttpRequest): void {
@@ -493,13 +497,11 @@ export class WorkerFront {
     if (keyHeader !== null) {
       key = scan.key;
       if (key === '') {
-        this.slot.bump(C_REJECTED);
-        replyJson(res, 401, errorBody(`missing ${keyHeader} header`, ErrorCodes.MISSING_BOARD), this.draining);
+        this.refuse(res, 401, errorBody(`missing ${keyHeader} header`, ErrorCodes.MISSING_BOARD), this.draining);
         return;
       }
       if (key.length > MAX_KEY_LENGTH) {
-        this.slot.bump(C_REJECTED);
-        replyJson(res, 400, errorBody(`${keyHeader} longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining);
+        this.refuse(res, 400, errorBody(`${keyHeader} longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining);
         return;
       }
     }
@@ -508,8 +510,7 @@ export class WorkerFront {
     if (route.classifier !== null) {
       op = route.classifier.classify(url);
       if (op === OP_UNSUPPORTED) {
-        this.slot.bump(C_REJECTED);
-        replyJson(res, 501, errorBody(`${url} is not routed: a streaming call, and answers are relayed whole`, ErrorCodes.UNSUPPORTED), this.draining);
+        this.refuse(res, 501, errorBody(`${url} is not routed: a streaming call, and answers are relayed whole`, ErrorCodes.UNSUPPORTED), this.draining);
         return;
       }
       retryable = op === OP_READ;
@@ -521,12 +522,10 @@ export class WorkerFront {
     // (Any other upgrade, such as h2c, is ignored, as a server may: the request is served over
     // HTTP/1.1.)
     if (scan.upgrade !== '' && /websocket/i.test(scan.upgrade)) {
-      this.slot.bump(C_REJECTED);
-      replyJson(res, 501, errorBody('WebSocket upgrades are not proxied', ErrorCodes.UNSUPPORTED), true);
+      this.refuse(res, 501, errorBody('WebSocket upgrades are not proxied', ErrorCodes.UNSUPPORTED), true);
       return;
     }
     if (scan.chunked && !isChunkedOnly(scan.codings)) {
-      this.slot.bump(C_REJECTED);
       this.refuseCodings(res, scan.codings);
       return;
     }
@@ -535,13 +534,11 @@ export class WorkerFront {
     if (!scan.chunked) {
       expected = contentLength === '' ? 0 : parseLength(contentLength);
       if (expected < 0) {
-        this.slot.bump(C_REJECTED);
-        replyJson(res, 400, errorBody('bad content-length', ErrorCodes.BAD_REQUEST), true);
+        this.refuse(res, 400, errorBody('bad content-length', ErrorCodes.BAD_REQUEST), true);
         return;
       }
       if (expected > this.maxBodyBytes) {
-        this.slot.bump(C_REJECTED);
-        replyJson(res, 413, errorBody(`request body exceeds ${this.maxBodyBytes} bytes`, ErrorCodes.BODY_TOO_LARGE), true);
+        this.refuse(res, 413, errorBody(`request body exceeds ${this.maxBodyBytes} bytes`, ErrorCodes.BODY_TOO_LARGE), true);
         return;
       }
     }

@@ -469,7 +469,6 @@ export class FrontDoor extends EventEmitter {
   }
 }
 
-/** A port that was free a moment ago on `host`. */
 /**
  * Binds `host:port` without SO_REUSEPORT and lets go at once; resolves with the port bound (a free
  * one for 0). Fails if anything listens there, a Lakefront included, or if `host` is no address
