@@ -174,9 +174,11 @@ describe('Exchange', () => {
     const ex = exchangeOver(driver, [0, 1], true);
     ex.begin();
     t.mock.timers.tick(5);
-    assert.equal(driver.denied, 1);
     assert.deepEqual(driver.waits, []);
     assert.equal(driver.started.length, 1);
+    assert.equal(driver.denied, 0, 'counted when it settles');
+    ex.answered(0, 200, null, body, 40);
+    assert.equal(driver.denied, 1);
   });
 
   it('arms no hedge while the budget holds no token', (t) => {
@@ -428,6 +430,7 @@ describe('waiting for the hedge budget', () => {
     assert.equal(ex.waitList, null, 'not kept');
     tick(5);
     assert.equal(driver.started.length, 1, 'still no token at its trigger');
+    ex.answered(0, 200, null, body, 30);
     assert.equal(driver.denied, 1, 'and nowhere to wait: denied, not dropped silently');
   });
 
@@ -439,11 +442,27 @@ describe('waiting for the hedge budget', () => {
     ex.begin();
     tick(20);
     ex.failed(0, new Error('reset'));
-    assert.equal(driver.denied, 1, 'came due on the list, left it unhedged (failed over)');
     assert.equal(budget.waitingCount, 1, 'the new primary waits for its own trigger');
     tick(20);
     ex.answered(1, 200, null, body, 20);
-    assert.equal(driver.denied, 1, 'the same request, counted once');
+    assert.equal(driver.denied, 1, 'came due twice unhedged (before and after failing over): counted once');
+  });
+
+  it('does not count a request denied that came due unhedged, failed over, and then got its hedge', (t) => {
+    const tick = fakeClock(t);
+    const budget = spentBudget(50);
+    const driver = new BudgetDriver(budget, 5);
+    const ex = exchangeOver(driver, [0, 1, 2], true);
+    ex.begin();
+    tick(20);
+    ex.failed(0, new Error('reset'));
+    assert.deepEqual(driver.started.map((s) => s.node), [0, 1], 'failed over, still unhedged');
+    tick(20);
+    budget.deposit();
+    budget.deposit();
+    assert.deepEqual(driver.started.map((s) => s.node), [0, 1, 2], 'the new primary got a token: hedged');
+    ex.answered(2, 200, null, body, 3);
+    assert.equal(driver.denied, 0, 'it got a hedge after all');
   });
 
   it('is not hedged before its trigger, however many tokens come', () => {

@@ -44,7 +44,8 @@ export interface ExchangeCounters {
   /**
    * A request came due for a hedge and got none (once a request): it left the budget's waiting
    * list unhedged after coming due there, or its hedge timer found no token and it could not wait
-   * (the budget had shrunk, or the list was full).
+   * (the budget had shrunk, or the list was full). Called as the request settles, and not for
+   * one hedged after all (a later primary's hedge, after a failover).
    */
   hedgeDenied(): void;
   hedgeWin(): void;
@@ -160,8 +161,11 @@ export class Exchange implements HedgeWaiter {
   waitList: HedgeBudget | null = null;
   /** @internal */
   waitSlot = -1;
-  /** Counted in hedgesDenied already: a request is counted once, however often it waits. */
-  private deniedCounted = false;
+  /**
+   * It came due for a hedge and got no token. Counted in hedgesDenied when the request settles,
+   * once, and only if no hedge fired after all (a later primary's, after a failover).
+   */
+  private dueUnhedged = false;
 
   private inflight = 0;
   /**
@@ -202,6 +206,7 @@ export class Exchange implements HedgeWaiter {
     this.done = true;
     this.clearHedge();
     this.leaveWaitList();
+    this.tallyDenied();
     this.abortAll(-1);
   }
 
@@ -239,6 +244,7 @@ export class Exchange implements HedgeWaiter {
     this.done = true;
     this.clearHedge();
     this.leaveWaitList();
+    this.tallyDenied();
     this.abortAll(ordinal);
     this.winner = ordinal;
     this.status = status;
@@ -325,18 +331,17 @@ export class Exchange implements HedgeWaiter {
 
   /**
    * Off the hedge budget's list (if on it): nothing to wait for any more, nothing kept alive.
-   * One that came due there and got no token was denied a hedge: counted now.
+   * One that came due there and got no token was denied a hedge (counted when it settles).
    */
   private leaveWaitList(): void {
     if (this.waitList === null) return;
     const dueAt = this.waitList.drop(this);
-    if (dueAt >= 0 && performance.now() >= dueAt) this.countDenied();
+    if (dueAt >= 0 && performance.now() >= dueAt) this.dueUnhedged = true;
   }
 
-  private countDenied(): void {
-    if (this.deniedCounted) return;
-    this.deniedCounted = true;
-    this.driver.counters.hedgeDenied();
+  /** On settling: a request that came due for a hedge and never got one is counted, once. */
+  private tallyDenied(): void {
+    if (this.dueUnhedged && !this.hedged) this.driver.counters.hedgeDenied();
   }
 
   private armHedge(): void {
@@ -372,7 +377,7 @@ export class Exchange implements HedgeWaiter {
       // list to wait on (the budget has shrunk, or the list is full) it is denied now.
       const node = this.candidates[this.launched - 1]!;
       if (!this.driver.hedgeMayWait() || !this.driver.hedgeWait(this, performance.now() + LOW_BUDGET_PATIENCE * this.driver.hedgeDelayMs(this, node))) {
-        this.countDenied();
+        this.dueUnhedged = true;
       }
       return;
     }
@@ -402,6 +407,7 @@ export class Exchange implements HedgeWaiter {
     this.done = true;
     this.clearHedge();
     this.leaveWaitList();
+    this.tallyDenied();
     this.failure = { code, status, message };
     this.status = status;
     this.driver.settle(this);

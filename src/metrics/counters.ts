@@ -23,7 +23,8 @@
  *  5              hedgesDenied   requests that came due for a hedge and got none: they left the
  *                                budget's waiting list unhedged after coming due there, or their
  *                                hedge timer found no token and they could not wait (the budget
- *                                had shrunk, or the list was full)
+ *                                had shrunk, or the list was full); counted as the request
+ *                                settles, and not if a later primary was hedged
  *  6 .. 7         reserved
  *  8 + 4n + 0     node n: attempts started
  *  8 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
