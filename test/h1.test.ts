@@ -294,6 +294,21 @@ describe('h1 client', () => {
     assert.equal(isUnsent(out.error), true);
   });
 
+  it('says a request the closing pool drops was never sent, and one it cuts off may have been', async (t) => {
+    const held: RawRequest[] = [];
+    const { server, pool } = await setup((req) => held.push(req), { connections: 1 });
+    t.after(() => server.close());
+    const written = send(pool, request('POST', '/written', [], 'w'));
+    while (held.length < 1) await new Promise((r) => setImmediate(r));
+    const queued = send(pool, request('POST', '/queued', [], 'w'));
+    pool.close(true);
+    const late = send(pool, request('POST', '/late', [], 'w'));
+    for (const [name, outcome, unsent] of [['queued', await queued, true], ['sent to a closed pool', await late, true], ['written', await written, false]] as const) {
+      assert.equal(outcome.error?.code, H1Codes.POOL_CLOSED, name);
+      assert.equal(isUnsent(outcome.error), unsent, name);
+    }
+  });
+
   it('never calls a request unsent once its connection was made, whatever the error code', async () => {
     const held: RawRequest[] = [];
     const { server, pool } = await setup((req) => held.push(req), { connections: 1 });

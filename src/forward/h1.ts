@@ -656,7 +656,7 @@ export class H1Pool {
     const p = new Pending(request, handler, expectBody);
     if (this.closed) {
       p.done = true;
-      queueMicrotask(() => handler.onError(new H1Error(H1Codes.POOL_CLOSED, 'pool closed')));
+      queueMicrotask(() => handler.onError(new H1Error(H1Codes.POOL_CLOSED, 'pool closed', true)));
       return p;
     }
     const conn = this.takeIdle();
@@ -741,7 +741,7 @@ export class H1Pool {
     this.closed = true;
     for (let p = this.dequeue(); p !== null; p = this.dequeue()) {
       p.done = true;
-      p.handler.onError(new H1Error(H1Codes.POOL_CLOSED, 'pool closed'));
+      p.handler.onError(new H1Error(H1Codes.POOL_CLOSED, 'pool closed', true));
     }
     for (const conn of [...this.all]) {
       if (destroyBusy || conn.pending === null) conn.destroy(new H1Error(H1Codes.POOL_CLOSED, 'pool closed'));
