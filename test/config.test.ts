@@ -91,6 +91,22 @@ describe('configuration file', () => {
     assert.equal(file.routes[1]!.operations!.reads[0], '/v3/kv/range', 'the cluster preset applies to its routes');
     assert.deepEqual(file.routes[1]!.operations!.unsupported, ['/v3/watch'], 'watch streams are refused');
     assert.deepEqual(file.routes[2]!.operations!.reads, ['/kv2/get']);
+    assert.deepEqual(file.routes[2]!.operations!.writes, []);
+  });
+
+  it("keeps the preset's operation rules for each key a route's operations leave out", () => {
+    const routes = [
+      { path: '/v3/*', cluster: 'kv', operations: { reads: ['/v3/kv/range', '/v3/maintenance/status'] } },
+      { path: '/v4/*', cluster: 'kv', operations: { unsupported: [], otherwise: 'read' } },
+    ];
+    const [reads, cleared] = parseFileConfig({ ...good, routes }, 'lf.json').routes;
+    assert.deepEqual(reads!.operations!.reads, ['/v3/kv/range', '/v3/maintenance/status']);
+    assert.equal(reads!.operations!.writes[0], '/v3/kv/put', 'writes kept from the preset');
+    assert.deepEqual(reads!.operations!.unsupported, ['/v3/watch'], 'watch still refused');
+    assert.equal(reads!.operations!.otherwise, 'write');
+    assert.deepEqual(cleared!.operations!.unsupported, [], "an empty list clears the preset's");
+    assert.equal(cleared!.operations!.otherwise, 'read');
+    assert.equal(cleared!.operations!.reads[0], '/v3/kv/range');
   });
 
   it('takes round_robin or boltzmann on an etcd cluster whose leader probe is off ("leader": null)', () => {

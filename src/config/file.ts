@@ -89,15 +89,19 @@ function members(value: unknown, where: string): MemberConfig[] {
   );
 }
 
-function operations(value: unknown, where: string): OperationRules {
+/**
+ * A route's `operations`. Each key given replaces the preset's (`base`); a key left out keeps the
+ * preset's, so overriding the reads of an etcd route still refuses `/v3/watch`.
+ */
+function operations(value: unknown, where: string, base: OperationRules | null): OperationRules {
   if (!isObject(value)) fail(where, 'must be { reads: [...], writes: [...], unsupported: [...], otherwise: "read" | "write" }');
   known(value, ['reads', 'writes', 'unsupported', 'otherwise'], where);
-  const list = (key: string): string[] => {
-    const v = value[key] ?? [];
+  const list = (key: 'reads' | 'writes' | 'unsupported'): readonly string[] => {
+    const v: unknown = value[key] ?? base?.[key] ?? [];
     if (!Array.isArray(v) || v.some((p) => typeof p !== 'string' || !p.startsWith('/'))) fail(`${where}.${key}`, 'must be a list of paths starting with /');
     return v as string[];
   };
-  const otherwise = value.otherwise ?? 'write';
+  const otherwise = value.otherwise ?? base?.otherwise ?? 'write';
   if (otherwise !== 'read' && otherwise !== 'write') fail(`${where}.otherwise`, `must be "read" or "write", got ${JSON.stringify(otherwise)}`);
   return { reads: list('reads'), writes: list('writes'), unsupported: list('unsupported'), otherwise };
 }
@@ -181,7 +185,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     return {
       ...base,
       keyHeader,
-      operations: r.operations !== undefined ? operations(r.operations, `${where}.operations`) : (base.operations ?? null),
+      operations: r.operations !== undefined ? operations(r.operations, `${where}.operations`, base.operations ?? null) : (base.operations ?? null),
       hedge: bool(r, 'hedge', where) ?? base.hedge ?? true,
       failoverUnsent: bool(r, 'failoverUnsent', where) ?? base.failoverUnsent ?? false,
     };
