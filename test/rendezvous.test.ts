@@ -3,65 +3,8 @@ import { describe, it } from 'node:test';
 import { RendezvousRanker } from '../src/hashing/rendezvous.js';
 import { SeededUnits, batchedUnits, nodeSeed } from '../src/hashing/xxh.js';
 import { WEIGHT_LEVELS, quantiseWeight, rank, score, type NodeInfo } from '../src/router/index.js';
+import { referenceXxh64 } from './fixtures/xxh64.js';
 
-/**
- * An independent XXH64 (BigInt, straight from the specification) so the README's description of
- * the hash inputs is checked by a second implementation, not by the one under test.
- */
-const M = (1n << 64n) - 1n;
-const P1 = 0x9e3779b185ebca87n;
-const P2 = 0xc2b2ae3d27d4eb4fn;
-const P3 = 0x165667b19e3779f9n;
-const P4 = 0x85ebca77c2b2ae63n;
-const P5 = 0x27d4eb2f165667c5n;
-const rotl = (x: bigint, r: bigint): bigint => ((x << r) | (x >> (64n - r))) & M;
-const round = (acc: bigint, input: bigint): bigint => (rotl((acc + input * P2) & M, 31n) * P1) & M;
-const merge = (acc: bigint, val: bigint): bigint => (((acc ^ round(0n, val)) * P1 + P4) & M);
-function referenceXxh64(bytes: Uint8Array, seed: bigint): bigint {
-  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  const len = bytes.length;
-  let p = 0;
-  let h: bigint;
-  if (len >= 32) {
-    let v1 = (seed + P1 + P2) & M;
-    let v2 = (seed + P2) & M;
-    let v3 = seed;
-    let v4 = (seed - P1) & M;
-    while (p + 32 <= len) {
-      v1 = round(v1, view.getBigUint64(p, true));
-      v2 = round(v2, view.getBigUint64(p + 8, true));
-      v3 = round(v3, view.getBigUint64(p + 16, true));
-      v4 = round(v4, view.getBigUint64(p + 24, true));
-      p += 32;
-    }
-    h = (rotl(v1, 1n) + rotl(v2, 7n) + rotl(v3, 12n) + rotl(v4, 18n)) & M;
-    h = merge(merge(merge(merge(h, v1), v2), v3), v4);
-  } else {
-    h = (seed + P5) & M;
-  }
-  h = (h + BigInt(len)) & M;
-  while (p + 8 <= len) {
-    h ^= round(0n, view.getBigUint64(p, true));
-    h = (rotl(h, 27n) * P1 + P4) & M;
-    p += 8;
-  }
-  if (p + 4 <= len) {
-    h ^= (BigInt(view.getUint32(p, true)) * P1) & M;
-    h = (rotl(h, 23n) * P2 + P3) & M;
-    p += 4;
-  }
-  while (p < len) {
-    h ^= (BigInt(bytes[p]!) * P5) & M;
-    h = (rotl(h, 11n) * P1) & M;
-    p++;
-  }
-  h ^= h >> 33n;
-  h = (h * P2) & M;
-  h ^= h >> 29n;
-  h = (h * P3) & M;
-  h ^= h >> 32n;
-  return h;
-}
 const utf8 = (s: string): Uint8Array => new TextEncoder().encode(s);
 function referenceScore(node: NodeInfo, board: string): number {
   const seed = referenceXxh64(utf8(node.id), 0n);

@@ -31,6 +31,7 @@ export interface CliOption {
 /** Every option, for `--help` and the README's configuration table. */
 export const OPTIONS: readonly CliOption[] = [
   { flag: 'nodes', env: 'LAKEFRONT_NODES', value: 'id=url,...', help: 'nodes behind /rpc/*; with no nodes, etcd or config: an embedded demo cluster of three' },
+  { flag: 'policy', env: 'LAKEFRONT_POLICY', value: 'rendezvous|ring', help: 'how /rpc/* places a board: weighted rendezvous hashing, or a consistent-hash ring with 128 tokens a node [rendezvous]' },
   { flag: 'etcd', env: 'LAKEFRONT_ETCD', value: 'id=url,...', help: 'etcd members behind /v3/* (leader-aware, seed 002)' },
   { flag: 'etcd-policy', env: 'LAKEFRONT_ETCD_POLICY', value: 'hybrid|round_robin|boltzmann', help: 'routing policy for /v3/* [hybrid]' },
   { flag: 'config', env: 'LAKEFRONT_CONFIG', value: 'file.json', help: 'clusters and routes from a JSON file (instead of --nodes/--etcd)' },
@@ -102,6 +103,9 @@ function readConfigFile(path: string, source: string): FileConfig {
   return parseFileConfig(raw, path);
 }
 
+/** Policies for the keyed /rpc/* route. */
+const RPC_POLICIES: readonly PolicyName[] = ['rendezvous', 'ring'];
+
 function oneOf<T extends string>(raw: string, source: string, allowed: readonly T[]): T {
   if (!(allowed as readonly string[]).includes(raw)) throw new ConfigError(`${source}: must be ${allowed.join(' or ')}, got ${JSON.stringify(raw)}`);
   return raw as T;
@@ -167,9 +171,11 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     clusters.push(...file.clusters);
     routes.push(...file.routes);
   }
+  const rpcPolicyRaw = read('policy');
+  if (rpcPolicyRaw && !(demo || nodesRaw)) throw new ConfigError(`${rpcPolicyRaw[1]}: applies to /rpc/* over --nodes (or the demo); a config file names each route's policy`);
   if (demo || nodesRaw) {
     clusters.push({ name: DEFAULT_CLUSTER, members: nodesRaw ? parseNodes(nodesRaw[0], nodesRaw[1]) : [] });
-    routes.push(RPC_ROUTE);
+    routes.push(rpcPolicyRaw ? { ...RPC_ROUTE, policy: oneOf(rpcPolicyRaw[0], rpcPolicyRaw[1], RPC_POLICIES) } : RPC_ROUTE);
   }
   const policyRaw = read('etcd-policy');
   if (policyRaw && !etcdRaw) throw new ConfigError(`${policyRaw[1]}: applies to --etcd members, and none are given`);

@@ -181,7 +181,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     if (keyHeader !== null && DROPPED_REQUEST_HEADERS.has(keyHeader)) {
       fail(`${where}.keyHeader`, `"${keyHeader}" is a hop-by-hop or framing header, not a routing key`);
     }
-    if (policy === 'rendezvous' && keyHeader === null) fail(`${where}.keyHeader`, 'the rendezvous policy needs a key header');
+    if ((policy === 'rendezvous' || policy === 'ring') && keyHeader === null) fail(`${where}.keyHeader`, `the ${policy} policy needs a key header`);
     return {
       ...base,
       keyHeader,

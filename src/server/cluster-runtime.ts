@@ -15,6 +15,7 @@ import type { NodeHistograms } from '../metrics/histograms.js';
 import { BoltzmannPolicy } from '../policies/boltzmann.js';
 import { HybridPolicy } from '../policies/hybrid.js';
 import { RendezvousPolicy } from '../policies/rendezvous.js';
+import { RingPolicy } from '../policies/ring.js';
 import { RoundRobinPolicy } from '../policies/round-robin.js';
 import type { ClusterView, Policy } from '../policies/types.js';
 import { isUnsent } from '../forward/exchange.js';
@@ -31,6 +32,8 @@ export function createPolicy(name: PolicyName, settings: PolicySettings): Policy
   switch (name) {
     case 'rendezvous':
       return new RendezvousPolicy();
+    case 'ring':
+      return new RingPolicy();
     case 'round_robin':
       return new RoundRobinPolicy();
     case 'boltzmann':

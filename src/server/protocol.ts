@@ -10,9 +10,9 @@ export const OP_WRITE = 1;
 /** A path the route does not carry (a streaming call): answered 501, never forwarded. */
 export const OP_UNSUPPORTED = 2;
 
-export type PolicyName = 'rendezvous' | 'round_robin' | 'boltzmann' | 'hybrid';
+export type PolicyName = 'rendezvous' | 'ring' | 'round_robin' | 'boltzmann' | 'hybrid';
 
-export const POLICY_NAMES: readonly PolicyName[] = ['rendezvous', 'round_robin', 'boltzmann', 'hybrid'];
+export const POLICY_NAMES: readonly PolicyName[] = ['rendezvous', 'ring', 'round_robin', 'boltzmann', 'hybrid'];
 
 /**
  * How a route tells reads from writes. Paths are matched exactly, or by prefix when they end in
