@@ -341,6 +341,32 @@ describe('front door: HTTP surface', () => {
     assert.equal(nodes.reduce((s, n) => s + n.hits(), 0), 0);
   });
 
+  it('reads and drops a refused body before going on, so the client sees the 413 and keeps its connection', async () => {
+    const over = 1024 * 1024 + 1;
+    const answers = (text: string): string[] => text.match(/HTTP\/1\.1 \d+/g) ?? [];
+    const next = 'GET /health HTTP/1.1\r\nhost: x\r\n\r\n';
+    // A declared length over the limit: 413 at once, the body read and dropped after it.
+    const declared = await rawExchange(
+      server.url,
+      Buffer.concat([Buffer.from(`POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: big\r\ncontent-length: ${over}\r\n\r\n`), Buffer.alloc(over, 120), Buffer.from(next)]),
+      { done: (text) => answers(text).length === 2 },
+    );
+    assert.deepEqual(answers(declared), ['HTTP/1.1 413', 'HTTP/1.1 200'], declared.slice(0, 300));
+    // A chunked body that passes the limit: dropped to its end, then the 413.
+    const chunk = `${(64 * 1024).toString(16)}\r\n${'y'.repeat(64 * 1024)}\r\n`;
+    const chunked = await rawExchange(
+      server.url,
+      `POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: big\r\ntransfer-encoding: chunked\r\n\r\n${chunk.repeat(17)}0\r\n\r\n${next}`,
+      { done: (text) => answers(text).length === 2 },
+    );
+    assert.deepEqual(answers(chunked), ['HTTP/1.1 413', 'HTTP/1.1 200'], chunked.slice(0, 300));
+    assert.match(chunked, /LF_ERR_BODY_TOO_LARGE/);
+    // Declared far beyond what is worth reading (16 MiB): 413, and the connection is closed.
+    const huge = await rawExchange(server.url, `POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: big\r\ncontent-length: ${16 * 1024 * 1024 + 1}\r\n\r\n`);
+    assert.deepEqual(answers(huge), ['HTTP/1.1 413']);
+    assert.equal(nodes.reduce((s, n) => s + n.hits(), 0), 0, 'nothing forwarded');
+  });
+
   it('hedges a slow primary\'s read to the runner-up, which answers; the primary is aborted', async () => {
     const [primary, runnerUp] = await ranking(server.url, 'hedge-board');
     const slow = byId(nodes, primary!);
