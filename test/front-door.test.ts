@@ -290,7 +290,7 @@ describe('front door: HTTP surface', () => {
     assert.equal(got[0]!.headers['content-length'], '2');
   });
 
-  it('refuses a WebSocket handshake with 501 and forwards nothing; other upgrades are ignored', async () => {
+  it('passes a WebSocket handshake on as one (a node that answers it with a plain response has it relayed); other upgrades are ignored', async () => {
     const send = (upgrade: string): Promise<string> =>
       rawExchange(
         server.url,
@@ -298,13 +298,18 @@ describe('front door: HTTP surface', () => {
         // The h2c request is answered on a connection kept open: stop at the end of its body.
         { done: (text) => /\r\n\r\n[\s\S]*\}$/.test(text) },
       );
-    const refused = await send('websocket');
-    assert.match(refused, /^HTTP\/1\.1 501 /);
-    assert.match(refused, /"code":"LF_ERR_UNSUPPORTED"/);
-    assert.equal(nodes.reduce((n, node) => n + node.received.length, 0), 0, 'no node saw it');
+    // These nodes do not speak WebSocket: the board's node answers the handshake with a 200.
+    const [home] = await ranking(server.url, 'ws-board');
+    const relayed = await send('websocket');
+    assert.match(relayed, /^HTTP\/1\.1 200 /);
+    assert.match(relayed, new RegExp(`x-lakefront-served-by: ${home}\r\n`));
+    const handshakes = nodes.flatMap((node) => node.received);
+    assert.equal(handshakes.length, 1);
+    assert.equal(handshakes[0]!.headers.upgrade, 'websocket', 'the node got a handshake of its own');
+    const seen = nodes.map((node) => node.received.length);
     const served = await send('h2c');
     assert.match(served, /^HTTP\/1\.1 200 /);
-    const got = nodes.flatMap((node) => node.received);
+    const got = nodes.flatMap((node, i) => node.received.slice(seen[i]));
     assert.equal(got.length, 1);
     assert.equal(got[0]!.headers.upgrade, undefined, 'a hop-by-hop header is not forwarded');
   });

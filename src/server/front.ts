@@ -25,9 +25,10 @@ import { NodeHistograms } from '../metrics/histograms.js';
 import type { Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
-import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type RouteSpec, type WorkerInit } from './protocol.js';
+import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type NodeSpec, type RouteSpec, type WorkerInit } from './protocol.js';
 import { statusBytes, writeRelayedHeaders } from './relay.js';
 import { loadUws, type Uws } from './uws.js';
+import { WebSocketTunnels, type TunnelHost } from './websocket.js';
 
 const MAX_KEY_LENGTH = 1024;
 /** A refused body declared up to this size is read and dropped, not cut off (see `proxy`). */
@@ -239,7 +240,7 @@ export interface FrontHooks {
   leaderFailed(globalNode: number): void;
 }
 
-export class WorkerFront {
+export class WorkerFront implements TunnelHost {
   readonly slot: CounterSlot;
   readonly maxBodyBytes: number;
   /** Whether retryable requests may hedge (`--hedge-mode off` says no). */
@@ -263,6 +264,7 @@ export class WorkerFront {
   private drainWaiter: (() => void) | null = null;
   private readonly rankScratch: Int32Array;
   private readonly agent: H1Agent;
+  private readonly tunnels: WebSocketTunnels;
 
   constructor(
     private readonly init: WorkerInit,
@@ -294,7 +296,20 @@ export class WorkerFront {
     this.rankScratch = new Int32Array(Math.max(1, ...this.runtimes.map((r) => r.size)));
     this.refresh();
     this.app = this.uws.App();
+    this.tunnels = new WebSocketTunnels(this);
     this.mount();
+  }
+
+  get nodes(): readonly NodeSpec[] {
+    return this.init.nodes;
+  }
+
+  get maxMessageBytes(): number {
+    return this.maxBodyBytes;
+  }
+
+  get handshakeTimeoutMs(): number {
+    return this.init.settings.requestTimeoutMs;
   }
 
   /** Listens on the configured port; resolves with the bound port, rejects if it could not. */
@@ -354,6 +369,8 @@ export class WorkerFront {
   async drain(): Promise<number> {
     this.draining = true;
     this.closeListenSocket();
+    // WebSockets are long-lived: they are told the front door is going away (1001) now.
+    this.tunnels.closeAll();
     if (this.active > 0) {
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, this.init.settings.drainTimeoutMs);
@@ -392,6 +409,7 @@ export class WorkerFront {
   emergencyClose(): void {
     this.slot.flush();
     this.closeListenSocket();
+    this.tunnels.closeAll();
     this.closeApp();
   }
 
@@ -408,7 +426,7 @@ export class WorkerFront {
   }
 
   /** Re-reads the membership table when its generation moved: once per change, not per request. */
-  private refresh(): void {
+  refresh(): void {
     const generation = this.table.generation();
     if (generation === this.generation) return;
     this.generation = this.table.read(this.rows);
@@ -420,6 +438,8 @@ export class WorkerFront {
     app.get('/health', (res) => this.health(res));
     app.get('/route', (res, req) => this.routeInfo(res, req));
     app.get('/stats', (res) => this.stats(res));
+    // WebSocket handshakes on a proxied route become tunnels; uWS passes any other request on.
+    this.tunnels.mount(app, this.routes);
     for (const route of this.routes) app.any(route.spec.pattern, (res, req) => this.proxy(route, res, req));
     app.any('/*', (res) => {
       this.refuse(res, 404, JSON.stringify({ error: 'not found' }), this.draining);
@@ -531,11 +551,11 @@ export class WorkerFront {
       retryable = isSafeMethod(method) || isIdempotentPath(url) || scan.idempotent;
       op = retryable ? OP_READ : OP_WRITE;
     }
-    // Forwarded as a plain request, a WebSocket handshake would get the node's 200 and fail.
-    // (Any other upgrade, such as h2c, is ignored, as a server may: the request is served over
-    // HTTP/1.1.)
+    // A WebSocket handshake uWS did not take (not a GET, or no valid sec-websocket-key):
+    // forwarded as a plain request it would get the node's 200 and fail. (Any other upgrade,
+    // such as h2c, is ignored, as a server may: the request is served over HTTP/1.1.)
     if (scan.upgrade !== '' && /websocket/i.test(scan.upgrade)) {
-      this.refuse(res, 501, errorBody('WebSocket upgrades are not proxied', ErrorCodes.UNSUPPORTED), true);
+      this.refuse(res, 400, errorBody('bad WebSocket handshake: a GET with a sec-websocket-key of 24 characters is needed', ErrorCodes.BAD_REQUEST), true);
       return;
     }
     if (scan.chunked && !isChunkedOnly(scan.codings)) {

@@ -1,0 +1,347 @@
+/**
+ * WebSocket proxying: a client's WebSocket on a proxied route becomes a tunnel to one node.
+ *
+ * - Placement: the route's policy ranks the nodes for the handshake's key (the route's key
+ *   header), as for a read. The handshake is tried down the ranking: a node that refuses, resets,
+ *   times out or answers 502/503/504 is passed over (a handshake is a GET, safe to repeat). Any
+ *   other answer that is not a 101 is relayed to the client as it is.
+ * - The client is upgraded only once the node has accepted, with the subprotocol the node chose
+ *   (none when it chose none). No compression on either side.
+ * - Messages are relayed in order, text as text and binary as binary, up to `maxBodyBytes` each.
+ *   Close codes travel both ways (1005 and 1006, which are never sent, as a close without a code
+ *   and as a cut connection).
+ * - Backpressure: while the client is behind by more than 1 MiB, the node's socket is not read;
+ *   a client that lets 16 MiB pile up towards the node (or the node towards the client) is
+ *   closed with 1013, rather than either side's messages being dropped.
+ * - On drain, every tunnel is closed with 1001 (going away) on both sides.
+ *
+ * Upstream client: `ws` (DEPENDENCIES.md). It refuses a handshake whose subprotocol does not match
+ * what it offered in either direction, so the offer travels as a plain header and the node's
+ * choice is read (and hidden from `ws`) in its `upgrade` event, before `ws` checks it.
+ */
+import { Buffer } from 'node:buffer';
+import type { IncomingMessage } from 'node:http';
+import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
+import WebSocket from 'ws';
+import { DROPPED_REQUEST_HEADERS, SERVED_BY_HEADER } from '../contract.js';
+import { ErrorCodes } from '../errors.js';
+import { C_REQUESTS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
+import type { Policy } from '../policies/types.js';
+import type { ClusterRuntime } from './cluster-runtime.js';
+import type { OperationClassifier } from './operations.js';
+import { OP_READ, OP_UNSUPPORTED, type NodeSpec, type RouteSpec } from './protocol.js';
+import { statusBytes } from './relay.js';
+
+/** Stop reading the node while the client is this far behind; read again below the low mark. */
+const CLIENT_HIGH_WATER = 1024 * 1024;
+const CLIENT_LOW_WATER = 256 * 1024;
+/** Backpressure past which a tunnel is closed (1013) rather than a message dropped. */
+const BACKLOG_LIMIT = 16 * 1024 * 1024;
+/** Largest body of a non-101 answer relayed from a node. */
+const MAX_RELAYED_BODY = 64 * 1024;
+/** Request headers the handshake to the node does not carry (it makes its own). */
+const HANDSHAKE_HEADERS: ReadonlySet<string> = new Set(['sec-websocket-key', 'sec-websocket-version', 'sec-websocket-extensions', 'sec-websocket-protocol']);
+
+export interface TunnelRoute {
+  readonly spec: RouteSpec;
+  readonly runtime: ClusterRuntime;
+  readonly policy: Policy;
+  readonly classifier: OperationClassifier | null;
+}
+
+/** What the tunnels need of the worker front. */
+export interface TunnelHost {
+  readonly slot: CounterSlot;
+  readonly nodes: readonly NodeSpec[];
+  readonly maxMessageBytes: number;
+  readonly handshakeTimeoutMs: number;
+  readonly draining: boolean;
+  /** Re-reads the membership table if it changed. */
+  refresh(): void;
+  /** Answers a request itself (counted as rejected). */
+  refuse(res: HttpResponse, status: number, body: string, close: boolean): void;
+}
+
+interface Tunnel {
+  readonly upstream: WebSocket;
+  client: ClientSocket<{ tunnel: Tunnel }> | null;
+  /** Messages from the node before the client's socket opened. */
+  early: [Buffer, boolean][] | null;
+  clientClosed: boolean;
+  upstreamClosed: boolean;
+}
+
+function errorBody(message: string, code: string): string {
+  return JSON.stringify({ error: message, code });
+}
+
+/** A close code that may be sent in a close frame (RFC 6455 7.4). */
+function sendable(code: number): boolean {
+  return (code >= 1000 && code <= 1003) || (code >= 1007 && code <= 1014) || (code >= 3000 && code <= 4999);
+}
+
+export class WebSocketTunnels {
+  private readonly open = new Set<Tunnel>();
+
+  constructor(private readonly host: TunnelHost) {}
+
+  /** Tunnels open now. */
+  get size(): number {
+    return this.open.size;
+  }
+
+  /** Takes WebSocket handshakes on every proxied route; other requests fall through to `any`. */
+  mount(app: TemplatedApp, routes: readonly TunnelRoute[]): void {
+    for (const route of routes) {
+      app.ws<{ tunnel: Tunnel }>(route.spec.pattern, {
+        maxPayloadLength: this.host.maxMessageBytes,
+        maxBackpressure: BACKLOG_LIMIT,
+        upgrade: (res, req, context) => this.handshake(route, res, req, context),
+        open: (ws) => this.opened(ws),
+        message: (ws, message, isBinary) => this.fromClient(ws.getUserData().tunnel, message, isBinary),
+        drain: (ws) => {
+          const tunnel = ws.getUserData().tunnel;
+          if (tunnel.upstream.isPaused && ws.getBufferedAmount() < CLIENT_LOW_WATER) tunnel.upstream.resume();
+        },
+        close: (ws, code, message) => this.clientClosed(ws.getUserData().tunnel, code, message),
+      });
+    }
+  }
+
+  /** Closes every tunnel: 1001 (going away) to both ends. */
+  closeAll(): void {
+    for (const tunnel of [...this.open]) {
+      this.closeUpstream(tunnel, 1001, 'the front door is shutting down');
+      this.endClient(tunnel, 1001, 'the front door is shutting down');
+    }
+  }
+
+  private handshake(route: TunnelRoute, res: HttpResponse, req: HttpRequest, context: us_socket_context_t): void {
+    // uWS takes any GET with a 24-character sec-websocket-key for a handshake. Without
+    // `upgrade: websocket` it is not one: the route's plain handler gets it.
+    if (!/websocket/i.test(req.getHeader('upgrade'))) {
+      req.setYield(true);
+      return;
+    }
+    const host = this.host;
+    host.refresh();
+    // Everything is read from `req` now: it is gone once this handler returns.
+    const url = req.getUrl();
+    const query = req.getQuery();
+    const path = query ? `${url}?${query}` : url;
+    const secKey = req.getHeader('sec-websocket-key');
+    const offered = req.getHeader('sec-websocket-protocol');
+    const keyHeader = route.spec.keyHeader;
+    const key = keyHeader === null ? '' : req.getHeader(keyHeader);
+    const headers: Record<string, string> = {};
+    req.forEach((name, value) => {
+      if (DROPPED_REQUEST_HEADERS.has(name) || HANDSHAKE_HEADERS.has(name)) return;
+      headers[name] = name in headers ? `${headers[name]}, ${value}` : value;
+    });
+    if (host.draining) {
+      host.refuse(res, 503, errorBody('the front door is shutting down', ErrorCodes.SHUTTING_DOWN), true);
+      return;
+    }
+    if (keyHeader !== null && key === '') {
+      host.refuse(res, 401, errorBody(`missing ${keyHeader} header`, ErrorCodes.MISSING_BOARD), false);
+      return;
+    }
+    if (route.classifier !== null && route.classifier.classify(url) === OP_UNSUPPORTED) {
+      host.refuse(res, 501, errorBody(`${url} is not routed`, ErrorCodes.UNSUPPORTED), false);
+      return;
+    }
+    const runtime = route.runtime;
+    const ranking = new Int32Array(runtime.size);
+    const count = route.policy.pick(key, OP_READ, ranking);
+    if (count === 0) {
+      host.refuse(res, 503, errorBody('no healthy node', ErrorCodes.NO_HEALTHY_NODE), false);
+      return;
+    }
+    host.slot.bump(C_REQUESTS);
+    if (offered !== '') headers['sec-websocket-protocol'] = offered;
+    let aborted = false;
+    let current: WebSocket | null = null;
+    res.onAborted(() => {
+      aborted = true;
+      current?.terminate();
+    });
+    const attempt = (ordinal: number): void => {
+      const node = ranking[ordinal]!;
+      const g = runtime.globalIndex[node]!;
+      host.slot.bumpNode(g, N_ATTEMPTS);
+      const target = new URL(path, host.nodes[g]!.url);
+      target.protocol = target.protocol === 'https:' ? 'wss:' : 'ws:';
+      const upstream = new WebSocket(target, {
+        headers,
+        perMessageDeflate: false,
+        handshakeTimeout: host.handshakeTimeoutMs,
+        maxPayload: host.maxMessageBytes,
+        followRedirects: false,
+      });
+      current = upstream;
+      /** The attempt's outcome is decided: later events of its handshake are ignored. */
+      let decided = false;
+      let chosen = '';
+      const failed = (answer: (() => void) | null): void => {
+        if (decided) return;
+        decided = true;
+        current = null;
+        upstream.terminate();
+        if (aborted) return;
+        host.slot.bumpNode(g, N_FAILURES);
+        if (ordinal + 1 < count && !host.draining) attempt(ordinal + 1);
+        else if (answer !== null) answer();
+        else host.refuse(res, 502, errorBody('every candidate node failed the WebSocket handshake', ErrorCodes.ALL_CANDIDATES_FAILED), false);
+      };
+      upstream.once('upgrade', (response: IncomingMessage) => {
+        const protocol = response.headers['sec-websocket-protocol'];
+        chosen = typeof protocol === 'string' ? protocol : '';
+        delete response.headers['sec-websocket-protocol'];
+      });
+      upstream.on('unexpected-response', (_request, response: IncomingMessage) => {
+        const status = response.statusCode ?? 502;
+        const chunks: Buffer[] = [];
+        let size = 0;
+        response.on('data', (chunk: Buffer) => {
+          size += chunk.length;
+          if (size <= MAX_RELAYED_BODY) chunks.push(chunk);
+        });
+        response.on('error', () => failed(null));
+        response.once('end', () => {
+          const relay = (): void => this.relayRefusal(res, status, response, Buffer.concat(chunks), runtime.ids[node]!);
+          if (status === 502 || status === 503 || status === 504) {
+            failed(relay);
+            return;
+          }
+          if (decided) return;
+          decided = true;
+          current = null;
+          upstream.terminate();
+          if (!aborted) relay();
+        });
+      });
+      // Before the handshake completed; after it, 'close' ends the tunnel.
+      upstream.on('error', () => failed(null));
+      upstream.once('open', () => {
+        if (decided) return;
+        decided = true;
+        current = null;
+        if (aborted || host.draining) {
+          upstream.terminate();
+          if (!aborted) host.refuse(res, 503, errorBody('the front door is shutting down', ErrorCodes.SHUTTING_DOWN), true);
+          return;
+        }
+        const tunnel = this.tunnel(upstream);
+        res.cork(() => res.upgrade({ tunnel }, secKey, chosen, '', context));
+      });
+    };
+    attempt(0);
+  }
+
+  /** A node's answer other than 101, relayed (hop-by-hop and uWS's own headers dropped). */
+  private relayRefusal(res: HttpResponse, status: number, response: IncomingMessage, body: Buffer, servedBy: string): void {
+    res.cork(() => {
+      res.writeStatus(statusBytes(status));
+      const raw = response.rawHeaders;
+      for (let i = 0; i + 1 < raw.length; i += 2) {
+        const name = raw[i]!.toLowerCase();
+        if (name === 'date' || name === 'content-length' || name === SERVED_BY_HEADER || DROPPED_REQUEST_HEADERS.has(name)) continue;
+        res.writeHeader(name, raw[i + 1]!);
+      }
+      res.writeHeader(SERVED_BY_HEADER, servedBy);
+      res.end(body);
+    });
+  }
+
+  /** A tunnel around a node's open socket; the client side is attached when uWS opens it. */
+  private tunnel(upstream: WebSocket): Tunnel {
+    const tunnel: Tunnel = { upstream, client: null, early: null, clientClosed: false, upstreamClosed: false };
+    this.open.add(tunnel);
+    upstream.on('message', (data: Buffer, isBinary: boolean) => {
+      if (tunnel.client === null) (tunnel.early ??= []).push([data, isBinary]);
+      else this.toClient(tunnel, data, isBinary);
+    });
+    upstream.on('close', (code: number, reason: Buffer) => {
+      tunnel.upstreamClosed = true;
+      this.forget(tunnel);
+      this.endClient(tunnel, code, reason);
+    });
+    // The node broke the protocol (a message too large, bad UTF-8 ...): `ws` closes its side with
+    // the matching code; the client is told the same, not a bare cut (1006).
+    upstream.on('error', (err: Error & { code?: string }) => {
+      const code = err.code === 'WS_ERR_UNSUPPORTED_MESSAGE_LENGTH' ? 1009 : err.code === 'WS_ERR_INVALID_UTF8' ? 1007 : err.code?.startsWith('WS_ERR_') ? 1002 : 0;
+      if (code !== 0) this.endClient(tunnel, code, 'the node broke the WebSocket protocol');
+    });
+    return tunnel;
+  }
+
+  /** Ends the client's side with `code` (1006: cut; a code that cannot be sent: no code). */
+  private endClient(tunnel: Tunnel, code: number, reason: string | Buffer): void {
+    const client = tunnel.client;
+    if (client === null || tunnel.clientClosed) return;
+    tunnel.clientClosed = true;
+    if (code === 1006) client.close();
+    else if (sendable(code)) client.end(code, reason);
+    else client.end();
+  }
+
+  private opened(ws: ClientSocket<{ tunnel: Tunnel }>): void {
+    const tunnel = ws.getUserData().tunnel;
+    tunnel.client = ws;
+    const early = tunnel.early;
+    tunnel.early = null;
+    if (early !== null) for (const [data, isBinary] of early) this.toClient(tunnel, data, isBinary);
+    // The node may have closed between its handshake and this open.
+    if (tunnel.upstreamClosed) this.endClient(tunnel, 1011, 'the node closed the connection');
+  }
+
+  private toClient(tunnel: Tunnel, data: Buffer, isBinary: boolean): void {
+    if (tunnel.clientClosed) return;
+    const client = tunnel.client!;
+    if (client.send(data, isBinary) === 2) {
+      // Dropped (past BACKLOG_LIMIT): never lose a message silently.
+      this.overloaded(tunnel);
+      return;
+    }
+    if (!tunnel.upstream.isPaused && client.getBufferedAmount() > CLIENT_HIGH_WATER) tunnel.upstream.pause();
+  }
+
+  private fromClient(tunnel: Tunnel, message: ArrayBuffer, isBinary: boolean): void {
+    const upstream = tunnel.upstream;
+    if (tunnel.upstreamClosed || upstream.readyState !== WebSocket.OPEN) return;
+    // uWS neuters the buffer when this callback returns: `ws` may still hold it then.
+    upstream.send(Buffer.copyBytesFrom(new Uint8Array(message)), { binary: isBinary });
+    if (upstream.bufferedAmount > BACKLOG_LIMIT) this.overloaded(tunnel);
+  }
+
+  private overloaded(tunnel: Tunnel): void {
+    this.closeUpstream(tunnel, 1013, 'backlog limit');
+    this.endClient(tunnel, 1013, 'backlog limit');
+  }
+
+  private clientClosed(tunnel: Tunnel, code: number, message: ArrayBuffer): void {
+    tunnel.clientClosed = true;
+    tunnel.client = null;
+    if (code === 1006) {
+      tunnel.upstreamClosed = true;
+      this.forget(tunnel);
+      tunnel.upstream.terminate();
+      return;
+    }
+    this.closeUpstream(tunnel, code, Buffer.copyBytesFrom(new Uint8Array(message)));
+  }
+
+  private closeUpstream(tunnel: Tunnel, code: number, reason: string | Buffer): void {
+    if (tunnel.upstreamClosed) return;
+    tunnel.upstreamClosed = true;
+    this.forget(tunnel);
+    const upstream = tunnel.upstream;
+    if (upstream.readyState !== WebSocket.OPEN) upstream.terminate();
+    else if (sendable(code)) upstream.close(code, reason);
+    else upstream.close();
+  }
+
+  private forget(tunnel: Tunnel): void {
+    this.open.delete(tunnel);
+  }
+}

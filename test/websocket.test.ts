@@ -1,0 +1,301 @@
+/**
+ * WebSocket tunnels end to end: a real `ws` client, the front door's worker threads, and real
+ * `ws` servers as nodes.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, afterEach, before, describe, it } from 'node:test';
+import WebSocket, { WebSocketServer } from 'ws';
+import { parseCommand } from '../src/config/config.js';
+import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
+import { call, ranking, rawExchange } from './fixtures/http.js';
+
+/** A node that speaks WebSocket: echoes text as `<id>:<text>` and binary as it is. */
+class WsNode {
+  readonly server: Server;
+  readonly wss = new WebSocketServer({ noServer: true, perMessageDeflate: false, handleProtocols: (offered) => this.pick(offered) });
+  url = '';
+  /** What the handshake gets: upgraded, or a plain HTTP answer with this status. */
+  refuseWith = 0;
+  /** The subprotocol it picks from an offer (false: none). */
+  pick: (offered: Set<string>) => string | false = (offered) => (offered.has('chat.v2') ? 'chat.v2' : false);
+  readonly handshakes: IncomingHttpHeaders[] = [];
+  readonly sockets: WebSocket[] = [];
+  readonly closes: { code: number; reason: string }[] = [];
+  /** Flood messages handed to the kernel. */
+  flushed = 0;
+
+  constructor(readonly id: string) {
+    this.server = createServer((_req, res) => res.end('ok'));
+    this.server.on('upgrade', (req, socket, head) => {
+      this.handshakes.push(req.headers);
+      if (this.refuseWith !== 0) {
+        const body = JSON.stringify({ refused: this.id });
+        socket.end(`HTTP/1.1 ${this.refuseWith} Nope\r\ncontent-type: application/json\r\nx-node: ${this.id}\r\ncontent-length: ${body.length}\r\nconnection: close\r\n\r\n${body}`);
+        return;
+      }
+      this.wss.handleUpgrade(req, socket, head, (ws) => {
+        this.sockets.push(ws);
+        ws.on('message', (data: Buffer, isBinary) => {
+          const flood = /^flood:(\d+):(\d+)$/.exec(isBinary ? '' : data.toString());
+          if (flood === null) {
+            ws.send(isBinary ? data : `${this.id}:${data.toString()}`, { binary: isBinary });
+            return;
+          }
+          // `count` binary messages of `size` bytes, each numbered in its first four.
+          for (let i = 0; i < Number(flood[1]); i++) {
+            const message = Buffer.alloc(Number(flood[2]), 7);
+            message.writeUInt32BE(i, 0);
+            ws.send(message, { binary: true }, () => this.flushed++);
+          }
+        });
+        ws.on('close', (code, reason) => this.closes.push({ code, reason: reason.toString() }));
+      });
+    });
+  }
+
+  async start(): Promise<this> {
+    this.server.listen(0, '127.0.0.1');
+    await once(this.server, 'listening');
+    this.url = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+    return this;
+  }
+
+  async stop(): Promise<void> {
+    for (const ws of this.wss.clients) ws.terminate();
+    this.server.closeAllConnections();
+    await new Promise((resolve) => this.server.close(resolve));
+  }
+}
+
+function connect(url: string, board: string | null, protocols: string[] = [], headers: Record<string, string> = {}): WebSocket {
+  return new WebSocket(url.replace('http:', 'ws:') + '/rpc/live', protocols, {
+    headers: { ...(board === null ? {} : { 'x-lakefront-board': board }), ...headers },
+    perMessageDeflate: false,
+  });
+}
+
+async function opened(ws: WebSocket): Promise<void> {
+  await once(ws, 'open');
+}
+
+/** The next message: its text (or bytes) and whether it was binary. */
+async function nextMessage(ws: WebSocket): Promise<{ data: Buffer; isBinary: boolean }> {
+  const [data, isBinary] = (await once(ws, 'message')) as [Buffer, boolean];
+  return { data, isBinary };
+}
+
+async function closed(ws: WebSocket): Promise<{ code: number; reason: string }> {
+  const [code, reason] = (await once(ws, 'close')) as [number, Buffer];
+  return { code, reason: reason.toString() };
+}
+
+/** The plain HTTP answer a handshake got instead of a 101. */
+async function refusal(ws: WebSocket): Promise<{ status: number; headers: IncomingHttpHeaders; body: string }> {
+  const [, response] = (await once(ws, 'unexpected-response')) as [unknown, import('node:http').IncomingMessage];
+  let body = '';
+  for await (const chunk of response) body += chunk;
+  ws.on('error', () => undefined); // terminating a handshake that never opened reports an error
+  ws.terminate();
+  return { status: response.statusCode!, headers: response.headers, body };
+}
+
+async function frontOver(nodes: WsNode[]): Promise<FrontDoor> {
+  const command = parseCommand(
+    ['--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(','), '--port', '0', '--host', '127.0.0.1', '--threads', '2', '--health-interval-ms', '60000'],
+    {},
+  );
+  return FrontDoor.start((command as { config: FrontDoorConfig }).config);
+}
+
+describe('WebSocket tunnels', () => {
+  let nodes: WsNode[];
+  let door: FrontDoor;
+  const clients: WebSocket[] = [];
+  const track = (ws: WebSocket): WebSocket => {
+    clients.push(ws);
+    return ws;
+  };
+  before(async () => {
+    nodes = await Promise.all(['ws-a', 'ws-b', 'ws-c'].map((id) => new WsNode(id).start()));
+    door = await frontOver(nodes);
+  });
+  afterEach(() => {
+    for (const ws of clients.splice(0)) ws.terminate();
+    for (const n of nodes) n.refuseWith = 0;
+  });
+  after(async () => {
+    await door.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  const byId = (id: string): WsNode => nodes.find((n) => n.id === id)!;
+
+  it('places the socket on the board\'s first node and relays text and binary both ways, in order', async () => {
+    const [home] = await ranking(door.url, 'ws-board-1');
+    const before = byId(home!).handshakes.length;
+    const ws = track(connect(door.url, 'ws-board-1', [], { authorization: 'Bearer t0ken' }));
+    await opened(ws);
+    assert.equal(byId(home!).handshakes.length, before + 1, 'the board\'s node took it');
+    const headers = byId(home!).handshakes.at(-1)!;
+    assert.equal(headers['x-lakefront-board'], 'ws-board-1');
+    assert.equal(headers.authorization, 'Bearer t0ken', 'forwarded as it is');
+    assert.equal(headers['sec-websocket-extensions'], undefined, 'no compression offered upstream');
+    const got: string[] = [];
+    const all = new Promise<void>((resolve) => {
+      ws.on('message', (data: Buffer, isBinary) => {
+        got.push(isBinary ? `bin:${data.toString('hex')}` : data.toString());
+        if (got.length === 4) resolve();
+      });
+    });
+    ws.send('one');
+    ws.send(Buffer.from([0, 1, 2, 255]), { binary: true });
+    ws.send('x'.repeat(100_000));
+    ws.send('ünïcödé');
+    await all;
+    assert.deepEqual(got, [`${home}:one`, 'bin:000102ff', `${home}:${'x'.repeat(100_000)}`, `${home}:ünïcödé`]);
+  });
+
+  it('answers with the subprotocol the node chose', async () => {
+    const ws = track(connect(door.url, 'ws-board-2', ['chat.v1', 'chat.v2']));
+    await opened(ws);
+    assert.equal(ws.protocol, 'chat.v2');
+    const [home] = await ranking(door.url, 'ws-board-2');
+    assert.equal(byId(home!).handshakes.at(-1)!['sec-websocket-protocol'], 'chat.v1,chat.v2', 'the offer reached the node, as the client wrote it');
+    // The node picks none of the offer: the client is upgraded without one (as RFC 6455 allows;
+    // the ws client would refuse that, so this handshake is raw).
+    const head = await rawExchange(
+      door.url,
+      'GET /rpc/live HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: chat.v1\r\nx-lakefront-board: ws-board-2\r\n\r\n',
+      { done: (text) => text.includes('\r\n\r\n') },
+    );
+    assert.match(head, /^HTTP\/1\.1 101 /);
+    assert.match(head, /sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK\+xOo=/i);
+    assert.doesNotMatch(head, /sec-websocket-protocol/i);
+  });
+
+  it('carries close codes and reasons both ways', async () => {
+    const [home] = await ranking(door.url, 'ws-board-3');
+    const node = byId(home!);
+    const fromClient = track(connect(door.url, 'ws-board-3'));
+    await opened(fromClient);
+    const closesBefore = node.closes.length;
+    fromClient.close(4001, 'client done');
+    assert.deepEqual(await closed(fromClient), { code: 4001, reason: 'client done' });
+    while (node.closes.length === closesBefore) await new Promise((r) => setImmediate(r));
+    assert.deepEqual(node.closes.at(-1), { code: 4001, reason: 'client done' });
+
+    const fromNode = track(connect(door.url, 'ws-board-3'));
+    await opened(fromNode);
+    fromNode.send('hello');
+    await nextMessage(fromNode);
+    node.sockets.at(-1)!.close(4002, 'node done');
+    assert.deepEqual(await closed(fromNode), { code: 4002, reason: 'node done' });
+  });
+
+  it('passes over a node that refuses the connection or answers 503, and relays any other refusal', async () => {
+    const [first, second, third] = await ranking(door.url, 'ws-board-4');
+    byId(first!).refuseWith = 503;
+    const counts = nodes.map((n) => n.handshakes.length);
+    const ws = track(connect(door.url, 'ws-board-4'));
+    await opened(ws);
+    ws.send('which');
+    assert.equal((await nextMessage(ws)).data.toString(), `${second}:which`, 'the second node, after the 503');
+    assert.deepEqual(nodes.map((n, i) => n.handshakes.length - counts[i]!), nodes.map((n) => (n.id === third ? 0 : 1)));
+
+    byId(first!).refuseWith = 0;
+    byId(second!).refuseWith = 0;
+    const refused = track(connect(door.url, 'ws-board-4'));
+    byId(first!).refuseWith = 403;
+    const answer = await refusal(refused);
+    assert.equal(answer.status, 403);
+    assert.deepEqual(JSON.parse(answer.body), { refused: first });
+    assert.equal(answer.headers['x-node'], first);
+    assert.equal(answer.headers['x-lakefront-served-by'], first);
+  });
+
+  it('stops reading the node while the client is behind, and loses nothing (96 MiB to a paused client: more than its socket buffers hold)', async () => {
+    const [home] = await ranking(door.url, 'ws-board-6');
+    const ws = track(connect(door.url, 'ws-board-6'));
+    await opened(ws);
+    const count = 384;
+    const got: number[] = [];
+    let closedWith = 0;
+    ws.on('close', (code) => (closedWith = code));
+    const all = new Promise<void>((resolve) => {
+      ws.on('message', (data: Buffer) => {
+        got.push(data.readUInt32BE(0));
+        if (got.length === count) resolve();
+      });
+    });
+    ws.pause();
+    const node = byId(home!);
+    node.flushed = 0;
+    ws.send(`flood:${count}:${256 * 1024}`);
+    while (node.flushed === 0) await new Promise((r) => setImmediate(r));
+    // Nothing marks the moment the front door stops reading the node, so it gets a second. Were
+    // it to read on, the node would flush all 96 MiB in far less (loopback), and the front door
+    // would hold past its 16 MiB backlog limit and close the socket (1013).
+    await new Promise((r) => setTimeout(r, 1_000));
+    assert.ok(node.flushed < count, `the node flushed ${node.flushed} of ${count} messages to a paused client: the front door did not stop reading`);
+    ws.resume();
+    await all;
+    assert.deepEqual(got, Array.from({ length: count }, (_, i) => i), 'every message, in order');
+    assert.equal(closedWith, 0, 'not closed for its backlog');
+  });
+
+  it('ends a tunnel whose message is larger than --max-body-bytes: cut from the client, 1009 from the node', async () => {
+    const [home] = await ranking(door.url, 'ws-board-7');
+    const node = byId(home!);
+    const fromClient = track(connect(door.url, 'ws-board-7'));
+    await opened(fromClient);
+    const closesBefore = node.closes.length;
+    fromClient.send(Buffer.alloc(1024 * 1024 + 1), { binary: true });
+    // uWS closes such a client's connection without a close frame.
+    assert.equal((await closed(fromClient)).code, 1006);
+    while (node.closes.length === closesBefore) await new Promise((r) => setImmediate(r));
+    assert.equal(node.closes.at(-1)!.code, 1006, 'and the node\'s connection is cut too');
+    const fromNode = track(connect(door.url, 'ws-board-7'));
+    await opened(fromNode);
+    fromNode.send(`flood:1:${1024 * 1024 + 1}`);
+    assert.equal((await closed(fromNode)).code, 1009);
+  });
+
+  it('refuses a handshake without its key (401), and one uWS cannot take (400)', async () => {
+    const answer = await refusal(track(connect(door.url, null)));
+    assert.equal(answer.status, 401);
+    assert.equal(JSON.parse(answer.body).code, 'LF_ERR_MISSING_BOARD');
+    const raw = await rawExchange(door.url, 'GET /rpc/live HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: upgrade\r\nx-lakefront-board: b\r\n\r\n');
+    assert.match(raw, /^HTTP\/1\.1 400 /);
+    assert.match(raw, /bad WebSocket handshake/);
+  });
+});
+
+describe('WebSocket tunnels: failover and shutdown', () => {
+  it('skips a node that is down, and closes open tunnels with 1001 when the front door stops', async () => {
+    const nodes = await Promise.all(['ws-x', 'ws-y'].map((id) => new WsNode(id).start()));
+    const door = await frontOver(nodes);
+    try {
+      const [first, second] = await ranking(door.url, 'ws-board-5');
+      await nodes.find((n) => n.id === first)!.stop();
+      const ws = connect(door.url, 'ws-board-5');
+      await opened(ws);
+      ws.send('alive');
+      assert.equal((await nextMessage(ws)).data.toString(), `${second}:alive`);
+      const stats = (await call(`${door.url}/stats`)).json<{ nodes: Record<string, { failures: number }> }>();
+      assert.equal(stats.nodes[first!]!.failures, 1, 'the refused handshake counts against its node');
+      const ending = closed(ws);
+      const stopping = door.stop();
+      assert.equal((await ending).code, 1001);
+      await stopping;
+      const node = nodes.find((n) => n.id === second)!;
+      while (node.closes.length === 0) await new Promise((r) => setImmediate(r));
+      assert.equal(node.closes[0]!.code, 1001, 'the node is told too');
+    } finally {
+      await door.stop().catch(() => undefined);
+      await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
+    }
+  });
+});
