@@ -9,6 +9,7 @@ import { createServer as createHttpsServer } from 'node:https';
 import { createServer, type AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
+import WebSocket from 'ws';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 import { call, rpc, waitForLine } from './fixtures/http.js';
 
@@ -111,6 +112,14 @@ describe('lakefront command: running', () => {
       assert.match(String(served), /^demo-[abc]$/);
       assert.equal(reply.json<{ node: string }>().node, served, 'the demo node names itself');
       assert.equal((await call(`${url}/health`)).json<{ healthy: string[] }>().healthy.length, 3);
+      // WebSocket too: the demo nodes echo, naming themselves.
+      const ws = new WebSocket(`${url!.replace('http:', 'ws:')}/rpc/live`, { headers: { 'x-lakefront-board': 'board-1' } });
+      await once(ws, 'open');
+      ws.send('hi');
+      const [echo] = (await once(ws, 'message')) as [Buffer];
+      assert.deepEqual(JSON.parse(echo.toString()), { node: served, echo: 'hi' }, 'the board\'s node, as for HTTP');
+      ws.close(1000);
+      await once(ws, 'close');
     } finally {
       run.child.kill('SIGTERM');
       assert.equal(await exitOf(run), 0);
