@@ -3,7 +3,7 @@
  * `ws` servers as nodes.
  */
 import assert from 'node:assert/strict';
-import { once } from 'node:events';
+import { EventEmitter, once } from 'node:events';
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, afterEach, before, describe, it } from 'node:test';
@@ -13,7 +13,7 @@ import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
 import { call, ranking, rawExchange } from './fixtures/http.js';
 
 /** A node that speaks WebSocket: echoes text as `<id>:<text>` and binary as it is. */
-class WsNode {
+class WsNode extends EventEmitter {
   readonly server: Server;
   readonly wss = new WebSocketServer({ noServer: true, perMessageDeflate: false, handleProtocols: (offered) => this.pick(offered) });
   url = '';
@@ -28,6 +28,7 @@ class WsNode {
   flushed = 0;
 
   constructor(readonly id: string) {
+    super();
     this.server = createServer((_req, res) => res.end('ok'));
     this.server.on('upgrade', (req, socket, head) => {
       this.handshakes.push(req.headers);
@@ -48,10 +49,17 @@ class WsNode {
           for (let i = 0; i < Number(flood[1]); i++) {
             const message = Buffer.alloc(Number(flood[2]), 7);
             message.writeUInt32BE(i, 0);
-            ws.send(message, { binary: true }, () => this.flushed++);
+            ws.send(message, { binary: true }, () => {
+              this.flushed++;
+              this.emit('flushed');
+            });
           }
         });
-        ws.on('close', (code, reason) => this.closes.push({ code, reason: reason.toString() }));
+        ws.on('close', (code, reason) => {
+          const close = { code, reason: reason.toString() };
+          this.closes.push(close);
+          this.emit('closed', close);
+        });
       });
     });
   }
@@ -85,6 +93,12 @@ async function opened(ws: WebSocket): Promise<void> {
 async function nextMessage(ws: WebSocket): Promise<{ data: Buffer; isBinary: boolean }> {
   const [data, isBinary] = (await once(ws, 'message')) as [Buffer, boolean];
   return { data, isBinary };
+}
+
+/** The next close a node sees (code and reason). */
+async function nodeClose(node: WsNode): Promise<{ code: number; reason: string }> {
+  const [close] = (await once(node, 'closed')) as [{ code: number; reason: string }];
+  return close;
 }
 
 async function closed(ws: WebSocket): Promise<{ code: number; reason: string }> {
@@ -181,11 +195,10 @@ describe('WebSocket tunnels', () => {
     const node = byId(home!);
     const fromClient = track(connect(door.url, 'ws-board-3'));
     await opened(fromClient);
-    const closesBefore = node.closes.length;
+    const atNode = nodeClose(node);
     fromClient.close(4001, 'client done');
     assert.deepEqual(await closed(fromClient), { code: 4001, reason: 'client done' });
-    while (node.closes.length === closesBefore) await new Promise((r) => setImmediate(r));
-    assert.deepEqual(node.closes.at(-1), { code: 4001, reason: 'client done' });
+    assert.deepEqual(await atNode, { code: 4001, reason: 'client done' });
 
     const fromNode = track(connect(door.url, 'ws-board-3'));
     await opened(fromNode);
@@ -234,7 +247,7 @@ describe('WebSocket tunnels', () => {
     const node = byId(home!);
     node.flushed = 0;
     ws.send(`flood:${count}:${256 * 1024}`);
-    while (node.flushed === 0) await new Promise((r) => setImmediate(r));
+    await once(node, 'flushed');
     // Nothing marks the moment the front door stops reading the node, so it gets a second. Were
     // it to read on, the node would flush all 96 MiB in far less (loopback), and the front door
     // would hold past its 16 MiB backlog limit and close the socket (1013).
@@ -251,12 +264,11 @@ describe('WebSocket tunnels', () => {
     const node = byId(home!);
     const fromClient = track(connect(door.url, 'ws-board-7'));
     await opened(fromClient);
-    const closesBefore = node.closes.length;
+    const atNode = nodeClose(node);
     fromClient.send(Buffer.alloc(1024 * 1024 + 1), { binary: true });
     // uWS closes such a client's connection without a close frame.
     assert.equal((await closed(fromClient)).code, 1006);
-    while (node.closes.length === closesBefore) await new Promise((r) => setImmediate(r));
-    assert.equal(node.closes.at(-1)!.code, 1006, 'and the node\'s connection is cut too');
+    assert.equal((await atNode).code, 1006, 'and the node\'s connection is cut too');
     const fromNode = track(connect(door.url, 'ws-board-7'));
     await opened(fromNode);
     fromNode.send(`flood:1:${1024 * 1024 + 1}`);
@@ -287,12 +299,11 @@ describe('WebSocket tunnels: failover and shutdown', () => {
       const stats = (await call(`${door.url}/stats`)).json<{ nodes: Record<string, { failures: number }> }>();
       assert.equal(stats.nodes[first!]!.failures, 1, 'the refused handshake counts against its node');
       const ending = closed(ws);
+      const atNode = nodeClose(nodes.find((n) => n.id === second)!);
       const stopping = door.stop();
       assert.equal((await ending).code, 1001);
+      assert.equal((await atNode).code, 1001, 'the node is told too');
       await stopping;
-      const node = nodes.find((n) => n.id === second)!;
-      while (node.closes.length === 0) await new Promise((r) => setImmediate(r));
-      assert.equal(node.closes[0]!.code, 1001, 'the node is told too');
     } finally {
       await door.stop().catch(() => undefined);
       await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
