@@ -2,12 +2,13 @@
  * The bench's upstream nodes: one process, one uWS App per node port, single-threaded, so the
  * upstream costs as little CPU as possible and the proxies are what is measured.
  *
- *   node dist/bench/upstream.js --ports 0,0,0 [--body-bytes 64] [--stall-ms 50 --stall-p 0.02]
+ *   node dist/bench/upstream.js --ports 0,0,0 [--body-bytes 64] [--stall-ms 50 --stall-p 0.02] [--websocket]
  *
  * Prints one JSON line `{"ports":[...]}` once every node listens. Every node answers `/health`
  * and any other path (any method) with `bodyBytes` of JSON-ish payload, after reading the body.
  * With --stall-p, each request independently waits --stall-ms first (tail-latency experiments).
- * A request's `?bytes=N` overrides the body size.
+ * A request's `?bytes=N` overrides the body size. With --websocket, every node also echoes
+ * WebSocket messages.
  */
 import { parseArgs } from 'node:util';
 import { loadUws } from '../src/server/uws.js';
@@ -19,6 +20,7 @@ const { values } = parseArgs({
     'stall-ms': { type: 'string', default: '0' },
     'stall-p': { type: 'string', default: '0' },
     seed: { type: 'string', default: '1' },
+    websocket: { type: 'boolean', default: false },
   },
 });
 const uws = loadUws();
@@ -66,6 +68,15 @@ wanted.forEach((port, index) => {
   app.get('/__received', (res) => {
     res.end(JSON.stringify({ received }));
   });
+  // WebSocket echo (the WebSocket bench), only when asked: uWS checks every GET for a handshake.
+  if (values.websocket) {
+    app.ws('/*', {
+      maxPayloadLength: 1024 * 1024,
+      message: (ws, message, isBinary) => {
+        ws.send(message, isBinary);
+      },
+    });
+  }
   app.any('/*', (res, req) => {
     received++;
     const bytesParam = req.getQuery('bytes');

@@ -27,12 +27,15 @@ export interface UpstreamOptions {
   readonly bodyBytes?: number;
   readonly stallMs?: number;
   readonly stallP?: number;
+  /** The nodes also echo WebSocket messages. */
+  readonly websocket?: boolean;
 }
 
 export async function startUpstream(options: UpstreamOptions = {}): Promise<Upstream> {
   const count = options.count ?? 3;
   const args = [join(DIST, 'upstream.js'), '--ports', Array(count).fill(0).join(','), '--body-bytes', String(options.bodyBytes ?? 64)];
   if (options.stallP) args.push('--stall-ms', String(options.stallMs ?? 50), '--stall-p', String(options.stallP));
+  if (options.websocket) args.push('--websocket');
   const { proc, ready } = await spawnReady('upstream', process.execPath, args);
   return { proc, ports: ready.ports as number[] };
 }
