@@ -98,3 +98,18 @@ export const DROPPED_REQUEST_HEADERS: ReadonlySet<string> = new Set([
   'host',
   'content-length',
 ]);
+
+/** Longest routing key (the key header's value) the front door accepts. */
+export const MAX_KEY_LENGTH = 1024;
+
+/**
+ * Whether a request path holds a dot segment (`.` or `..`, or either with the dot
+ * percent-encoded). A node that normalises the path would serve another one than the front door
+ * classified (a write under a read prefix could be hedged: sent twice), so such paths are refused
+ * where the path decides (operation rules, and WebSocket handshakes, whose client library
+ * normalises them).
+ */
+export function hasDotSegment(path: string): boolean {
+  if (path.indexOf('/.') < 0 && path.indexOf('%2') < 0) return false;
+  return /(?:^|\/)(?:\.|%2e){1,2}(?:\/|$)/i.test(path);
+}

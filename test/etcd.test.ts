@@ -9,7 +9,7 @@ import { DelayShim } from '../bench/lib/shim.js';
 import { EtcdCluster, b64 } from '../bench/lib/etcd-cluster.js';
 import { parseCommand } from '../src/config/config.js';
 import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
-import { call, type Reply } from './fixtures/http.js';
+import { call, rawExchange, type Reply } from './fixtures/http.js';
 
 async function front(etcdNodes: string, policy: string, extra: string[] = []): Promise<FrontDoor> {
   const command = parseCommand(
@@ -84,6 +84,13 @@ describe('etcd behind Lakefront', () => {
       const watch = await call(`${door.url}/v3/watch`, { method: 'POST', body: JSON.stringify({ create_request: { key: b64('hybrid-0') } }) });
       assert.equal(watch.status, 501);
       assert.equal(watch.json<{ code: string }>().code, 'LF_ERR_UNSUPPORTED');
+      // Nor can it get past the rules by a dot segment a node might resolve (raw: fetch and
+      // undici would resolve it themselves).
+      for (const path of ['/v3/kv/%2e%2e/watch', '/v3/kv/../watch', '/v3/kv/range/%2E%2E/put']) {
+        const raw = await rawExchange(door.url, `POST ${path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}`, { done: (text) => text.endsWith('}') });
+        assert.match(raw, /^HTTP\/1\.1 400 /, path);
+        assert.match(raw, /dot segment/);
+      }
     } finally {
       await door.stop();
     }

@@ -654,6 +654,29 @@ describe('front door: the drain deadline', () => {
 });
 
 describe('front door: start-up', () => {
+  it('takes a route on every path (/*), keeping its own /health', async () => {
+    const nodes = await startNodes('all-a', 'all-b');
+    const door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [{ pattern: '/*', cluster: 'default', policy: 'round_robin', keyHeader: null }],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({}),
+    });
+    try {
+      const reply = await call(`${door.url}/any/path?x=1`);
+      assert.equal(reply.status, 200);
+      assert.match(String(reply.headers['x-lakefront-served-by']), /^all-[ab]$/);
+      assert.deepEqual((await call(`${door.url}/health`)).json<{ healthy: string[] }>().healthy.sort(), ['all-a', 'all-b']);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
   it('picks another free port when something takes the one it chose before the workers bind it', async () => {
     // The race: the port found free is taken between the check and the workers' bind.
     const close = Server.prototype.close;

@@ -10,6 +10,7 @@ import { RoundRobinPolicy } from '../src/policies/round-robin.js';
 import type { ClusterView, Policy } from '../src/policies/types.js';
 import { DEFAULT_POLICY_SETTINGS } from '../src/server/supervisor.js';
 import { OP_READ, OP_WRITE } from '../src/server/protocol.js';
+import { hasDotSegment } from '../src/contract.js';
 import { OperationClassifier } from '../src/server/operations.js';
 import { ETCD_OPERATIONS } from '../src/config/presets.js';
 
@@ -187,6 +188,13 @@ describe('hybrid', () => {
       p.observe(2, 100, true, OP_READ);
     }
     assert.equal(p.ejectedNow(2), false);
+  });
+});
+
+describe('dot segments', () => {
+  it('finds . and .. segments, percent-encoded or not, and nothing else', () => {
+    for (const path of ['/a/..', '/a/../b', '/./a', '/a/%2e%2e/b', '/a/%2E/b', '/a/.%2e', '/..']) assert.equal(hasDotSegment(path), true, path);
+    for (const path of ['/rpc/query.execute', '/a.b/c', '/..a/b', '/a/b..', '/a%2Fb', '/%2e%2ex', '/', '/v3/kv/range']) assert.equal(hasDotSegment(path), false, path);
   });
 });
 

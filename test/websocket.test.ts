@@ -7,6 +7,7 @@ import { EventEmitter, once } from 'node:events';
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, afterEach, before, describe, it } from 'node:test';
+import { performance } from 'node:perf_hooks';
 import WebSocket, { WebSocketServer } from 'ws';
 import { parseCommand } from '../src/config/config.js';
 import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
@@ -26,14 +27,20 @@ class WsNode extends EventEmitter {
   readonly closes: { code: number; reason: string }[] = [];
   /** Flood messages handed to the kernel. */
   flushed = 0;
+  /** Padding added to a refusal's body. */
+  refusalPadding = 0;
+  /** Hold each handshake until this resolves. */
+  hold: Promise<void> | null = null;
 
   constructor(readonly id: string) {
     super();
     this.server = createServer((_req, res) => res.end('ok'));
-    this.server.on('upgrade', (req, socket, head) => {
+    this.server.on('upgrade', async (req, socket, head) => {
       this.handshakes.push(req.headers);
+      this.emit('handshake');
+      if (this.hold !== null) await this.hold;
       if (this.refuseWith !== 0) {
-        const body = JSON.stringify({ refused: this.id });
+        const body = JSON.stringify({ refused: this.id, padding: 'p'.repeat(this.refusalPadding) });
         socket.end(`HTTP/1.1 ${this.refuseWith} Nope\r\ncontent-type: application/json\r\nx-node: ${this.id}\r\ncontent-length: ${body.length}\r\nconnection: close\r\n\r\n${body}`);
         return;
       }
@@ -138,7 +145,11 @@ describe('WebSocket tunnels', () => {
   });
   afterEach(() => {
     for (const ws of clients.splice(0)) ws.terminate();
-    for (const n of nodes) n.refuseWith = 0;
+    for (const n of nodes) {
+      n.refuseWith = 0;
+      n.refusalPadding = 0;
+      n.pick = (offered) => (offered.has('chat.v2') ? 'chat.v2' : false);
+    }
   });
   after(async () => {
     await door.stop();
@@ -182,12 +193,18 @@ describe('WebSocket tunnels', () => {
     // the ws client would refuse that, so this handshake is raw).
     const head = await rawExchange(
       door.url,
-      'GET /rpc/live HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: chat.v1\r\nx-lakefront-board: ws-board-2\r\n\r\n',
+      'GET /rpc/live HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: chat.v1\r\nx-lakefront-board: ws-board-2\r\ncookie: a=1\r\ncookie: b=2\r\n\r\n',
       { done: (text) => text.includes('\r\n\r\n') },
     );
     assert.match(head, /^HTTP\/1\.1 101 /);
     assert.match(head, /sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK\+xOo=/i);
     assert.doesNotMatch(head, /sec-websocket-protocol/i);
+    assert.equal(byId(home!).handshakes.at(-1)!.cookie, 'a=1; b=2', 'two cookie lines make one cookie list');
+    // A node that picks a subprotocol nobody offered is passed over; when every node does, 502.
+    for (const n of nodes) n.pick = () => 'rogue';
+    const rogue = await refusal(track(connect(door.url, 'ws-board-2', ['chat.v1'])));
+    assert.equal(rogue.status, 502);
+    assert.equal(JSON.parse(rogue.body).code, 'LF_ERR_ALL_CANDIDATES_FAILED');
   });
 
   it('carries close codes and reasons both ways', async () => {
@@ -224,9 +241,22 @@ describe('WebSocket tunnels', () => {
     byId(first!).refuseWith = 403;
     const answer = await refusal(refused);
     assert.equal(answer.status, 403);
-    assert.deepEqual(JSON.parse(answer.body), { refused: first });
+    assert.equal(JSON.parse(answer.body).refused, first);
     assert.equal(answer.headers['x-node'], first);
     assert.equal(answer.headers['x-lakefront-served-by'], first);
+
+    // Every node unable to serve: 502, the front door's own answer.
+    for (const n of nodes) n.refuseWith = 503;
+    const none = await refusal(track(connect(door.url, 'ws-board-4')));
+    assert.equal(none.status, 502);
+    assert.equal(JSON.parse(none.body).code, 'LF_ERR_ALL_CANDIDATES_FAILED');
+    // A refusal too large to relay whole is not cut short silently.
+    for (const n of nodes) n.refuseWith = 0;
+    byId(first!).refuseWith = 403;
+    byId(first!).refusalPadding = 100_000;
+    const large = await refusal(track(connect(door.url, 'ws-board-4')));
+    assert.equal(large.status, 502);
+    assert.match(JSON.parse(large.body).error, /too large to relay/);
   });
 
   it('stops reading the node while the client is behind, and loses nothing (96 MiB to a paused client: more than its socket buffers hold)', async () => {
@@ -282,10 +312,63 @@ describe('WebSocket tunnels', () => {
     const raw = await rawExchange(door.url, 'GET /rpc/live HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: upgrade\r\nx-lakefront-board: b\r\n\r\n');
     assert.match(raw, /^HTTP\/1\.1 400 /);
     assert.match(raw, /bad WebSocket handshake/);
+    const longKey = await refusal(track(connect(door.url, 'k'.repeat(1025))));
+    assert.equal(longKey.status, 400);
+    // The upstream client would resolve dot segments: the node would get another path. (Raw:
+    // the ws client resolves them itself.)
+    const counts = nodes.map((n) => n.handshakes.length);
+    for (const path of ['/rpc/%2e%2e/admin', '/rpc/a/../b', '/rpc/./x', '/rpc/x/%2E']) {
+      const dotted = await rawExchange(
+        door.url,
+        `GET ${path} HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\nx-lakefront-board: b\r\n\r\n`,
+        { done: (text) => text.endsWith('}') },
+      );
+      assert.match(dotted, /^HTTP\/1\.1 400 /, path);
+      assert.match(dotted, /dot segment/);
+    }
+    assert.deepEqual(nodes.map((n) => n.handshakes.length), counts, 'no node saw them');
+  });
+
+  it('reads the node\'s answering close even while the client was behind (no 30 s close wait)', async () => {
+    const [home] = await ranking(door.url, 'ws-board-8');
+    const node = byId(home!);
+    const ws = track(connect(door.url, 'ws-board-8'));
+    await opened(ws);
+    ws.pause();
+    ws.send(`flood:384:${256 * 1024}`);
+    await once(node, 'flushed');
+    const atNode = nodeClose(node);
+    ws.close(4003, 'leaving while behind');
+    // Before the fix this took ws's 30 s close timeout; the test's own limit is 120 s.
+    const started = performance.now();
+    assert.equal((await atNode).code, 4003);
+    assert.ok(performance.now() - started < 20_000, 'the node heard the close promptly');
   });
 });
 
 describe('WebSocket tunnels: failover and shutdown', () => {
+  it('answers a handshake still waiting for its node with 503 when the front door stops', async () => {
+    const nodes = await Promise.all(['ws-p', 'ws-q'].map((id) => new WsNode(id).start()));
+    let release!: () => void;
+    const hold = new Promise<void>((resolve) => (release = resolve));
+    for (const n of nodes) n.hold = hold;
+    const door = await frontOver(nodes);
+    try {
+      const [home] = await ranking(door.url, 'ws-board-9');
+      const waiting = connect(door.url, 'ws-board-9');
+      await once(nodes.find((n) => n.id === home)!, 'handshake');
+      const answer = refusal(waiting);
+      await door.stop();
+      const { status, body } = await answer;
+      assert.equal(status, 503);
+      assert.equal(JSON.parse(body).code, 'LF_ERR_SHUTTING_DOWN');
+    } finally {
+      release();
+      await door.stop().catch(() => undefined);
+      await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
+    }
+  });
+
   it('skips a node that is down, and closes open tunnels with 1001 when the front door stops', async () => {
     const nodes = await Promise.all(['ws-x', 'ws-y'].map((id) => new WsNode(id).start()));
     const door = await frontOver(nodes);

@@ -118,7 +118,8 @@ export interface ExchangeFailure {
   readonly message: string;
 }
 
-const MAX_CANDIDATES = 64;
+/** Candidates an exchange holds at most (the rest of a ranking is never tried). */
+export const MAX_CANDIDATES = 64;
 
 /** An attempt whose transport has not returned its handle yet: nothing to abort through. */
 const STARTING: AttemptHandle = Object.freeze({ abort(): void {} });

@@ -11,6 +11,8 @@ import type { HttpRequest, HttpResponse, TemplatedApp, us_listen_socket } from '
 import {
   HEDGED_HEADER,
   IDEMPOTENT_HEADER,
+  MAX_KEY_LENGTH,
+  hasDotSegment,
   isIdempotentPath,
   isSafeMethod,
 } from '../contract.js';
@@ -30,7 +32,6 @@ import { statusBytes, writeRelayedHeaders } from './relay.js';
 import { loadUws, type Uws } from './uws.js';
 import { WebSocketTunnels, type TunnelHost } from './websocket.js';
 
-const MAX_KEY_LENGTH = 1024;
 /** A refused body declared up to this size is read and dropped, not cut off (see `proxy`). */
 const LINGER_BYTES = 16 * 1024 * 1024;
 
@@ -441,9 +442,13 @@ export class WorkerFront implements TunnelHost {
     // WebSocket handshakes on a proxied route become tunnels; uWS passes any other request on.
     this.tunnels.mount(app, this.routes);
     for (const route of this.routes) app.any(route.spec.pattern, (res, req) => this.proxy(route, res, req));
-    app.any('/*', (res) => {
-      this.refuse(res, 404, JSON.stringify({ error: 'not found' }), this.draining);
-    });
+    // The 404 for everything else, unless a route takes every path (uWS refuses the same
+    // pattern twice: "Internal routing error").
+    if (!this.routes.some((r) => r.spec.pattern === '/*')) {
+      app.any('/*', (res) => {
+        this.refuse(res, 404, JSON.stringify({ error: 'not found' }), this.draining);
+      });
+    }
   }
 
   /**
@@ -541,6 +546,10 @@ export class WorkerFront implements TunnelHost {
     let op: number;
     let retryable: boolean;
     if (route.classifier !== null) {
+      if (hasDotSegment(url)) {
+        this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not routed by operation rules', ErrorCodes.BAD_REQUEST), this.draining);
+        return;
+      }
       op = route.classifier.classify(url);
       if (op === OP_UNSUPPORTED) {
         this.refuse(res, 501, errorBody(`${url} is not routed: a streaming call, and answers are relayed whole`, ErrorCodes.UNSUPPORTED), this.draining);

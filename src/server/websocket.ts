@@ -23,7 +23,8 @@ import { Buffer } from 'node:buffer';
 import type { IncomingMessage } from 'node:http';
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
 import WebSocket from 'ws';
-import { DROPPED_REQUEST_HEADERS, SERVED_BY_HEADER } from '../contract.js';
+import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
+import { MAX_CANDIDATES } from '../forward/exchange.js';
 import { ErrorCodes } from '../errors.js';
 import { C_REQUESTS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
 import type { Policy } from '../policies/types.js';
@@ -82,6 +83,8 @@ function sendable(code: number): boolean {
 
 export class WebSocketTunnels {
   private readonly open = new Set<Tunnel>();
+  /** Handshakes waiting for a node: each answers 503 when called (drain). */
+  private readonly pending = new Set<() => void>();
 
   constructor(private readonly host: TunnelHost) {}
 
@@ -108,8 +111,10 @@ export class WebSocketTunnels {
     }
   }
 
-  /** Closes every tunnel: 1001 (going away) to both ends. */
+  /** Closes every tunnel: 1001 (going away) to both ends; handshakes in flight get 503. */
   closeAll(): void {
+    for (const shutDown of [...this.pending]) shutDown();
+    this.pending.clear();
     for (const tunnel of [...this.open]) {
       this.closeUpstream(tunnel, 1001, 'the front door is shutting down');
       this.endClient(tunnel, 1001, 'the front door is shutting down');
@@ -136,7 +141,8 @@ export class WebSocketTunnels {
     const headers: Record<string, string> = {};
     req.forEach((name, value) => {
       if (DROPPED_REQUEST_HEADERS.has(name) || HANDSHAKE_HEADERS.has(name)) return;
-      headers[name] = name in headers ? `${headers[name]}, ${value}` : value;
+      // Two field lines are one list; cookies are joined as one cookie line (RFC 9113 8.2.3).
+      headers[name] = name in headers ? `${headers[name]}${name === 'cookie' ? '; ' : ', '}${value}` : value;
     });
     if (host.draining) {
       host.refuse(res, 503, errorBody('the front door is shutting down', ErrorCodes.SHUTTING_DOWN), true);
@@ -146,32 +152,52 @@ export class WebSocketTunnels {
       host.refuse(res, 401, errorBody(`missing ${keyHeader} header`, ErrorCodes.MISSING_BOARD), false);
       return;
     }
+    if (key.length > MAX_KEY_LENGTH) {
+      host.refuse(res, 400, errorBody(`${keyHeader} longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), false);
+      return;
+    }
+    // The upstream client would resolve dot segments: the node would get another path than the
+    // one routed (and classified).
+    if (hasDotSegment(url)) {
+      host.refuse(res, 400, errorBody('a WebSocket path with a dot segment (. or ..) is not routed', ErrorCodes.BAD_REQUEST), false);
+      return;
+    }
     if (route.classifier !== null && route.classifier.classify(url) === OP_UNSUPPORTED) {
       host.refuse(res, 501, errorBody(`${url} is not routed`, ErrorCodes.UNSUPPORTED), false);
       return;
     }
     const runtime = route.runtime;
     const ranking = new Int32Array(runtime.size);
-    const count = route.policy.pick(key, OP_READ, ranking);
+    const count = Math.min(route.policy.pick(key, OP_READ, ranking), MAX_CANDIDATES);
     if (count === 0) {
       host.refuse(res, 503, errorBody('no healthy node', ErrorCodes.NO_HEALTHY_NODE), false);
       return;
     }
     host.slot.bump(C_REQUESTS);
     if (offered !== '') headers['sec-websocket-protocol'] = offered;
+    const offer = new Set(offered.split(',').map((p) => p.trim()).filter((p) => p !== ''));
     let aborted = false;
     let current: WebSocket | null = null;
     res.onAborted(() => {
       aborted = true;
+      this.pending.delete(shutDown);
       current?.terminate();
     });
+    /** Drain: a handshake still waiting for its node is answered 503 now (see `closeAll`). */
+    const shutDown = (): void => {
+      if (aborted) return;
+      aborted = true;
+      current?.terminate();
+      host.refuse(res, 503, errorBody('the front door is shutting down', ErrorCodes.SHUTTING_DOWN), true);
+    };
+    this.pending.add(shutDown);
     const attempt = (ordinal: number): void => {
       const node = ranking[ordinal]!;
       const g = runtime.globalIndex[node]!;
       host.slot.bumpNode(g, N_ATTEMPTS);
-      const target = new URL(path, host.nodes[g]!.url);
-      target.protocol = target.protocol === 'https:' ? 'wss:' : 'ws:';
-      const upstream = new WebSocket(target, {
+      // The node's origin and the path as the client sent it (no URL resolution).
+      const origin = new URL(host.nodes[g]!.url).origin.replace(/^http/, 'ws');
+      const upstream = new WebSocket(origin + path, {
         headers,
         perMessageDeflate: false,
         handshakeTimeout: host.handshakeTimeoutMs,
@@ -182,16 +208,22 @@ export class WebSocketTunnels {
       /** The attempt's outcome is decided: later events of its handshake are ignored. */
       let decided = false;
       let chosen = '';
-      const failed = (answer: (() => void) | null): void => {
-        if (decided) return;
+      const decide = (): boolean => {
+        if (decided) return false;
         decided = true;
         current = null;
+        return true;
+      };
+      const failed = (): void => {
+        if (!decide()) return;
         upstream.terminate();
         if (aborted) return;
         host.slot.bumpNode(g, N_FAILURES);
-        if (ordinal + 1 < count && !host.draining) attempt(ordinal + 1);
-        else if (answer !== null) answer();
-        else host.refuse(res, 502, errorBody('every candidate node failed the WebSocket handshake', ErrorCodes.ALL_CANDIDATES_FAILED), false);
+        if (ordinal + 1 < count) attempt(ordinal + 1);
+        else {
+          this.pending.delete(shutDown);
+          host.refuse(res, 502, errorBody('every candidate node failed the WebSocket handshake', ErrorCodes.ALL_CANDIDATES_FAILED), false);
+        }
       };
       upstream.once('upgrade', (response: IncomingMessage) => {
         const protocol = response.headers['sec-websocket-protocol'];
@@ -200,35 +232,41 @@ export class WebSocketTunnels {
       });
       upstream.on('unexpected-response', (_request, response: IncomingMessage) => {
         const status = response.statusCode ?? 502;
+        // A node that cannot serve now: the next one may.
+        if (status === 502 || status === 503 || status === 504) {
+          response.resume();
+          failed();
+          return;
+        }
         const chunks: Buffer[] = [];
         let size = 0;
         response.on('data', (chunk: Buffer) => {
           size += chunk.length;
           if (size <= MAX_RELAYED_BODY) chunks.push(chunk);
         });
-        response.on('error', () => failed(null));
+        response.on('error', () => failed());
         response.once('end', () => {
-          const relay = (): void => this.relayRefusal(res, status, response, Buffer.concat(chunks), runtime.ids[node]!);
-          if (status === 502 || status === 503 || status === 504) {
-            failed(relay);
-            return;
-          }
-          if (decided) return;
-          decided = true;
-          current = null;
+          if (!decide()) return;
           upstream.terminate();
-          if (!aborted) relay();
+          if (aborted) return;
+          this.pending.delete(shutDown);
+          if (size > MAX_RELAYED_BODY) {
+            host.refuse(res, 502, errorBody(`the node refused the WebSocket with a ${status} whose body is over ${MAX_RELAYED_BODY} bytes, too large to relay`, ErrorCodes.ALL_CANDIDATES_FAILED), false);
+          } else this.relayRefusal(res, status, response, Buffer.concat(chunks), runtime.ids[node]!);
         });
       });
       // Before the handshake completed; after it, 'close' ends the tunnel.
-      upstream.on('error', () => failed(null));
+      upstream.on('error', () => failed());
       upstream.once('open', () => {
-        if (decided) return;
-        decided = true;
-        current = null;
-        if (aborted || host.draining) {
+        // A subprotocol the client did not offer: the client would have to fail it (RFC 6455).
+        if (chosen !== '' && !offer.has(chosen)) {
+          failed();
+          return;
+        }
+        if (!decide()) return;
+        this.pending.delete(shutDown);
+        if (aborted) {
           upstream.terminate();
-          if (!aborted) host.refuse(res, 503, errorBody('the front door is shutting down', ErrorCodes.SHUTTING_DOWN), true);
           return;
         }
         const tunnel = this.tunnel(upstream);
@@ -336,6 +374,9 @@ export class WebSocketTunnels {
     tunnel.upstreamClosed = true;
     this.forget(tunnel);
     const upstream = tunnel.upstream;
+    // Paused (the client was behind), the node's answering close frame would never be read
+    // and `ws` would hold the connection for its 30 s close timeout.
+    if (upstream.isPaused) upstream.resume();
     if (upstream.readyState !== WebSocket.OPEN) upstream.terminate();
     else if (sendable(code)) upstream.close(code, reason);
     else upstream.close();
