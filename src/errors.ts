@@ -35,3 +35,8 @@ export const ErrorCodes = {
   UNSUPPORTED: 'LF_ERR_UNSUPPORTED',
   SHUTTING_DOWN: 'LF_ERR_SHUTTING_DOWN',
 } as const;
+
+/** The JSON body of an answer the front door makes itself: `{ error, code, ...extra }`. */
+export function errorBody(message: string, code: string, extra?: Record<string, unknown>): string {
+  return JSON.stringify({ error: message, code, ...extra });
+}

@@ -16,7 +16,7 @@ import {
   isIdempotentPath,
   isSafeMethod,
 } from '../contract.js';
-import { ErrorCodes } from '../errors.js';
+import { ErrorCodes, errorBody } from '../errors.js';
 import { Exchange } from '../forward/exchange.js';
 import type { HeaderFields } from '../forward/fields.js';
 import { H1Agent, sweepPeriodMs } from '../forward/h1.js';
@@ -43,10 +43,6 @@ function replyJson(res: HttpResponse, status: number, body: string, close = fals
   res.cork(() => {
     res.writeStatus(statusBytes(status)).writeHeader('content-type', JSON_TYPE).end(body, close);
   });
-}
-
-function errorBody(message: string, code: string, extra?: Record<string, unknown>): string {
-  return JSON.stringify({ error: message, code, ...extra });
 }
 
 interface BoundRoute {

@@ -3,8 +3,11 @@
  *
  * - Placement: the route's policy ranks the nodes for the handshake's key (the route's key
  *   header), as for a read. The handshake is tried down the ranking: a node that refuses, resets,
- *   times out or answers 502/503/504 is passed over (a handshake is a GET, safe to repeat). Any
- *   other answer that is not a 101 is relayed to the client as it is.
+ *   times out, answers 502/503/504 or picks a subprotocol nobody offered is passed over (a
+ *   handshake is a GET, safe to repeat); 502 when every node was. Any other answer that is not
+ *   a 101 is relayed to the client as it is.
+ * - The node gets the path as the client sent it; a path with a dot segment is refused (400):
+ *   `ws` would resolve it, and the node would get another path than the one routed.
  * - The client is upgraded only once the node has accepted, with the subprotocol the node chose
  *   (none when it chose none). No compression on either side.
  * - Messages are relayed in order, text as text and binary as binary, up to `maxBodyBytes` each.
@@ -13,7 +16,8 @@
  * - Backpressure: while the client is behind by more than 1 MiB, the node's socket is not read;
  *   a client that lets 16 MiB pile up towards the node (or the node towards the client) is
  *   closed with 1013, rather than either side's messages being dropped.
- * - On drain, every tunnel is closed with 1001 (going away) on both sides.
+ * - On drain, every tunnel is closed with 1001 (going away) on both sides, and a handshake still
+ *   waiting for its node is answered 503.
  *
  * Upstream client: `ws` (DEPENDENCIES.md). It refuses a handshake whose subprotocol does not match
  * what it offered in either direction, so the offer travels as a plain header and the node's
@@ -25,7 +29,7 @@ import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket
 import WebSocket from 'ws';
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
 import { MAX_CANDIDATES } from '../forward/exchange.js';
-import { ErrorCodes } from '../errors.js';
+import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
 import type { Policy } from '../policies/types.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
@@ -72,10 +76,6 @@ interface Tunnel {
   upstreamClosed: boolean;
 }
 
-function errorBody(message: string, code: string): string {
-  return JSON.stringify({ error: message, code });
-}
-
 /** A close code that may be sent in a close frame (RFC 6455 7.4). */
 function sendable(code: number): boolean {
   return (code >= 1000 && code <= 1003) || (code >= 1007 && code <= 1014) || (code >= 3000 && code <= 4999);
@@ -87,11 +87,6 @@ export class WebSocketTunnels {
   private readonly pending = new Set<() => void>();
 
   constructor(private readonly host: TunnelHost) {}
-
-  /** Tunnels open now. */
-  get size(): number {
-    return this.open.size;
-  }
 
   /** Takes WebSocket handshakes on every proxied route; other requests fall through to `any`. */
   mount(app: TemplatedApp, routes: readonly TunnelRoute[]): void {
