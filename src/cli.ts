@@ -6,7 +6,7 @@
 import { readFileSync } from 'node:fs';
 import { constants } from 'node:os';
 import { Command, helpText, parseCommand } from './config/config.js';
-import { startDemoCluster, type DemoCluster } from './demo.js';
+import type { DemoCluster } from './demo.js';
 import { ConfigError } from './errors.js';
 import { FrontDoor } from './server/supervisor.js';
 
@@ -66,6 +66,8 @@ async function main(): Promise<void> {
   let demo: DemoCluster | null = null;
   let config = command.config;
   if (command.demo) {
+    // Loaded only for the demo (it brings the `ws` server along).
+    const { startDemoCluster } = await import('./demo.js');
     demo = await startDemoCluster();
     config = { ...config, clusters: [{ name: config.clusters[0]!.name, members: demo.members }] };
   }

@@ -26,7 +26,7 @@
 import { Buffer } from 'node:buffer';
 import type { IncomingMessage } from 'node:http';
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
-import WebSocket from 'ws';
+import type WebSocket from 'ws';
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
 import { MAX_CANDIDATES } from '../forward/exchange.js';
 import { ErrorCodes, errorBody } from '../errors.js';
@@ -36,6 +36,19 @@ import type { ClusterRuntime } from './cluster-runtime.js';
 import type { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, type NodeSpec, type RouteSpec } from './protocol.js';
 import { statusBytes } from './relay.js';
+
+/**
+ * The `ws` client, loaded at the first handshake: a worker that never tunnels a WebSocket does
+ * not carry it (memory per worker counts against the idle-connection budget).
+ */
+let WsClient: typeof WebSocket | null = null;
+let loadingWs: Promise<typeof WebSocket> | null = null;
+function loadWs(): Promise<typeof WebSocket> {
+  loadingWs ??= import('ws').then((module) => (WsClient = module.default));
+  return loadingWs;
+}
+/** `WebSocket.OPEN`, without loading `ws` to read it. */
+const OPEN = 1;
 
 /** Stop reading the node while the client is this far behind; read again below the low mark. */
 const CLIENT_HIGH_WATER = 1024 * 1024;
@@ -192,7 +205,7 @@ export class WebSocketTunnels {
       host.slot.bumpNode(g, N_ATTEMPTS);
       // The node's origin and the path as the client sent it (no URL resolution).
       const origin = new URL(host.nodes[g]!.url).origin.replace(/^http/, 'ws');
-      const upstream = new WebSocket(origin + path, {
+      const upstream = new WsClient!(origin + path, {
         headers,
         perMessageDeflate: false,
         handshakeTimeout: host.handshakeTimeoutMs,
@@ -268,7 +281,20 @@ export class WebSocketTunnels {
         res.cork(() => res.upgrade({ tunnel }, secKey, chosen, '', context));
       });
     };
-    attempt(0);
+    if (WsClient !== null) attempt(0);
+    else {
+      loadWs().then(
+        () => {
+          if (!aborted) attempt(0);
+        },
+        (err: Error) => {
+          if (aborted) return;
+          aborted = true;
+          this.pending.delete(shutDown);
+          host.refuse(res, 502, errorBody(`WebSocket client unavailable: ${err.message}`, ErrorCodes.ALL_CANDIDATES_FAILED), false);
+        },
+      );
+    }
   }
 
   /** A node's answer other than 101, relayed (hop-by-hop and uWS's own headers dropped). */
@@ -341,7 +367,7 @@ export class WebSocketTunnels {
 
   private fromClient(tunnel: Tunnel, message: ArrayBuffer, isBinary: boolean): void {
     const upstream = tunnel.upstream;
-    if (tunnel.upstreamClosed || upstream.readyState !== WebSocket.OPEN) return;
+    if (tunnel.upstreamClosed || upstream.readyState !== OPEN) return;
     // uWS neuters the buffer when this callback returns: `ws` may still hold it then.
     upstream.send(Buffer.copyBytesFrom(new Uint8Array(message)), { binary: isBinary });
     if (upstream.bufferedAmount > BACKLOG_LIMIT) this.overloaded(tunnel);
@@ -372,7 +398,7 @@ export class WebSocketTunnels {
     // Paused (the client was behind), the node's answering close frame would never be read
     // and `ws` would hold the connection for its 30 s close timeout.
     if (upstream.isPaused) upstream.resume();
-    if (upstream.readyState !== WebSocket.OPEN) upstream.terminate();
+    if (upstream.readyState !== OPEN) upstream.terminate();
     else if (sendable(code)) upstream.close(code, reason);
     else upstream.close();
   }
