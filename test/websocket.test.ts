@@ -11,6 +11,8 @@ import { performance } from 'node:perf_hooks';
 import WebSocket, { WebSocketServer } from 'ws';
 import { parseCommand } from '../src/config/config.js';
 import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
+import { TicketBook } from '../src/affinity/tickets.js';
+import { defaultSettings } from '../src/server/settings.js';
 import { call, ranking, rawExchange } from './fixtures/http.js';
 
 /** A node that speaks WebSocket: echoes text as `<id>:<text>` and binary as it is. */
@@ -391,5 +393,65 @@ describe('WebSocket tunnels: failover and shutdown', () => {
       await door.stop().catch(() => undefined);
       await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
     }
+  });
+});
+
+describe('WebSocket tunnels with affinity tickets', () => {
+  const KEY = 'k'.repeat(40);
+  const affinity = { app: 'live', header: 'x-lakefront-affinity', ttlSeconds: 3600, generation: 0, keys: [KEY] };
+  let nodes: WsNode[];
+  let door: FrontDoor;
+  before(async () => {
+    nodes = await Promise.all(['ws-s1', 'ws-s2', 'ws-s3'].map((id) => new WsNode(id).start()));
+    door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [{ pattern: '/rpc/*', cluster: 'default', policy: 'round_robin', keyHeader: null, affinity }],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({}),
+    });
+  });
+  after(async () => {
+    await door.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  /** Opens a socket (offering `protocols`), reads its first message (the ticket), and closes it. */
+  async function visit(protocols: string[] = [], headers: Record<string, string> = {}): Promise<{ ticket: string; node: string; protocol: string }> {
+    const counts = nodes.map((n) => n.handshakes.length);
+    const ws = connect(door.url, null, protocols, headers);
+    const first = nextMessage(ws);
+    await opened(ws);
+    const greeting = JSON.parse((await first).data.toString()) as { t: string; ticket: string };
+    assert.equal(greeting.t, 'affinity');
+    const node = nodes.find((n, i) => n.handshakes.length > counts[i]!)!;
+    const protocol = ws.protocol;
+    ws.close(1000);
+    await closed(ws);
+    return { ticket: greeting.ticket, node: node.id, protocol };
+  }
+
+  it('sends the ticket first, and a reconnect that offers it lands on the same node', async () => {
+    const book = new TicketBook(affinity);
+    const placed = await visit();
+    assert.deepEqual(book.check(placed.ticket), { node: placed.node }, 'the first message names the node');
+    const unpinned = new Set<string>();
+    for (let i = 0; i < 3; i++) {
+      const back = await visit([`lakefront-affinity.${placed.ticket}`]);
+      assert.equal(back.node, placed.node);
+      assert.equal(back.protocol, `lakefront-affinity.${placed.ticket}`, 'a browser that offered only its ticket gets it selected');
+      const node = nodes.find((n) => n.id === placed.node)!;
+      assert.equal(node.handshakes.at(-1)!['sec-websocket-protocol'], undefined, 'the ticket is not offered to the node');
+      unpinned.add((await visit()).node);
+    }
+    assert.ok(unpinned.size > 1, 'without it, round robin moves on');
+    const withApp = await visit([`lakefront-affinity.${placed.ticket}`, 'chat.v2']);
+    assert.equal(withApp.node, placed.node);
+    assert.equal(withApp.protocol, 'chat.v2', "the node's own choice wins");
+    assert.equal(nodes.find((n) => n.id === placed.node)!.handshakes.at(-1)!['sec-websocket-protocol'], 'chat.v2');
+    assert.equal((await visit([], { 'x-lakefront-affinity': placed.ticket })).node, placed.node, 'or as a header');
   });
 });

@@ -2,6 +2,7 @@
  * Configuration from flags and environment (flags win). Every bad value stops start-up with a
  * ConfigError whose message is one line naming the value.
  */
+import { MIN_KEY_LENGTH } from '../affinity/tickets.js';
 import { parseArgs } from 'node:util';
 import { ConfigError } from '../errors.js';
 import { readFileSync } from 'node:fs';
@@ -103,6 +104,19 @@ function readConfigFile(path: string, source: string): FileConfig {
   return parseFileConfig(raw, path);
 }
 
+/**
+ * LAKEFRONT_AFFINITY_KEYS: ticket signing keys, comma-separated, the first signing and every one
+ * verifying (two during a rotation). Errors name a key by its place, never by its value.
+ */
+function affinityKeys(raw: string | undefined): string[] {
+  if (raw === undefined || raw.trim() === '') return [];
+  const keys = raw.split(',').map((k) => k.trim());
+  keys.forEach((key, i) => {
+    if (key.length < MIN_KEY_LENGTH) throw new ConfigError(`LAKEFRONT_AFFINITY_KEYS: key ${i + 1} of ${keys.length} has ${key.length} characters; at least ${MIN_KEY_LENGTH} are needed`);
+  });
+  return keys;
+}
+
 /** Policies for the keyed /rpc/* route. */
 const RPC_POLICIES: readonly PolicyName[] = ['rendezvous', 'ring'];
 
@@ -169,7 +183,15 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   const routes: RouteConfig[] = [];
   if (file) {
     clusters.push(...file.clusters);
-    routes.push(...file.routes);
+    const keys = affinityKeys(env.LAKEFRONT_AFFINITY_KEYS);
+    for (const [i, route] of file.routes.entries()) {
+      if (!route.affinity) {
+        routes.push(route);
+        continue;
+      }
+      if (keys.length === 0) throw new ConfigError(`${configRaw![1]}: routes[${i}].affinity: tickets need signing keys in LAKEFRONT_AFFINITY_KEYS (comma-separated; the first signs)`);
+      routes.push({ ...route, affinity: { ...route.affinity, keys } });
+    }
   }
   const rpcPolicyRaw = read('policy');
   if (rpcPolicyRaw && !(demo || nodesRaw)) throw new ConfigError(`${rpcPolicyRaw[1]}: applies to /rpc/* over --nodes (or the demo); a config file names each route's policy`);

@@ -18,6 +18,7 @@
  *
  * Every bad value is a ConfigError naming its place, e.g. `routes[1].policy: unknown policy "x"`.
  */
+import { DEFAULT_AFFINITY_HEADER, DEFAULT_TICKET_TTL_SECONDS, type AffinitySettings } from '../affinity/tickets.js';
 import { DROPPED_REQUEST_HEADERS } from '../contract.js';
 import { ConfigError } from '../errors.js';
 import { validateMembers, type MemberConfig } from '../membership/membership.js';
@@ -106,6 +107,24 @@ function operations(value: unknown, where: string, base: OperationRules | null):
   return { reads: list('reads'), writes: list('writes'), unsupported: list('unsupported'), otherwise };
 }
 
+/**
+ * A route's `affinity` (seed 004): `{ app, header?, ttlSeconds?, generation? }`. The signing keys
+ * never come from the file: the caller adds them from the environment (LAKEFRONT_AFFINITY_KEYS).
+ */
+function affinity(value: unknown, where: string): AffinitySettings {
+  if (!isObject(value)) fail(where, 'must be { app, header?, ttlSeconds?, generation? }');
+  known(value, ['app', 'header', 'ttlSeconds', 'generation'], where);
+  const app = str(value, 'app', where, true);
+  if (app === '') fail(`${where}.app`, 'must not be empty');
+  const header = (str(value, 'header', where) ?? DEFAULT_AFFINITY_HEADER).toLowerCase();
+  if (!/^[!#$%&'*+.^_`|~0-9a-z-]+$/.test(header) || DROPPED_REQUEST_HEADERS.has(header)) fail(`${where}.header`, `not a usable header name: ${JSON.stringify(header)}`);
+  const ttlSeconds = num(value, 'ttlSeconds', where, 1, 30 * 86_400) ?? DEFAULT_TICKET_TTL_SECONDS;
+  const generation = num(value, 'generation', where, 0, Number.MAX_SAFE_INTEGER) ?? 0;
+  if (!Number.isInteger(ttlSeconds)) fail(`${where}.ttlSeconds`, `must be a whole number, got ${ttlSeconds}`);
+  if (!Number.isInteger(generation)) fail(`${where}.generation`, `must be a whole number, got ${generation}`);
+  return { app, header, ttlSeconds, generation, keys: [] };
+}
+
 /** Validates a parsed configuration file. */
 export function parseFileConfig(raw: unknown, file: string): FileConfig {
   if (!isObject(raw)) fail(file, 'must hold a JSON object');
@@ -160,7 +179,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
   const routes: RouteConfig[] = routesRaw.map((r, i) => {
     const where = `${file}: routes[${i}]`;
     if (!isObject(r)) fail(where, 'must be an object');
-    known(r, ['path', 'cluster', 'policy', 'keyHeader', 'preset', 'operations', 'hedge', 'failoverUnsent'], where);
+    known(r, ['path', 'cluster', 'policy', 'keyHeader', 'preset', 'operations', 'hedge', 'failoverUnsent', 'affinity'], where);
     const path = str(r, 'path', where, true);
     if (!/^\/[^*]*\*?$/.test(path)) fail(`${where}.path`, `must start with / and may end in *, got ${JSON.stringify(path)}`);
     const cluster = str(r, 'cluster', where, true);
@@ -188,6 +207,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
       operations: r.operations !== undefined ? operations(r.operations, `${where}.operations`, base.operations ?? null) : (base.operations ?? null),
       hedge: bool(r, 'hedge', where) ?? base.hedge ?? true,
       failoverUnsent: bool(r, 'failoverUnsent', where) ?? base.failoverUnsent ?? false,
+      affinity: r.affinity !== undefined && r.affinity !== null ? affinity(r.affinity, `${where}.affinity`) : null,
     };
   });
   const paths = new Set<string>();

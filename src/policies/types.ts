@@ -49,3 +49,18 @@ export function rotateInto(nodes: readonly number[], start: number, out: Int32Ar
   }
   return count;
 }
+
+/**
+ * Moves `node` to the head of `candidates[0 .. count)`, keeping the others' order; returns it,
+ * or -1 when it is not among them (not routable now: the request is placed anew). For affinity
+ * tickets, which pin a client to the node they name.
+ */
+export function pinFirst(candidates: Int32Array, count: number, node: number): number {
+  for (let i = 0; i < count; i++) {
+    if (candidates[i] !== node) continue;
+    candidates.copyWithin(1, 0, i);
+    candidates[0] = node;
+    return node;
+  }
+  return -1;
+}

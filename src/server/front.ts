@@ -24,13 +24,14 @@ import { UpstreamRequest } from '../forward/upstream.js';
 import { FLAG_HEALTHY, TableReader, type NodeRow } from '../membership/table.js';
 import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
 import { NodeHistograms } from '../metrics/histograms.js';
-import type { Policy } from '../policies/types.js';
+import { pinFirst, type Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type NodeSpec, type RouteSpec, type WorkerInit } from './protocol.js';
 import { statusBytes, writeRelayedHeaders } from './relay.js';
 import { loadUws, type Uws } from './uws.js';
 import { WebSocketTunnels, type TunnelHost } from './websocket.js';
+import { TicketBook } from '../affinity/tickets.js';
 
 /** A refused body declared up to this size is read and dropped, not cut off (see `proxy`). */
 const LINGER_BYTES = 16 * 1024 * 1024;
@@ -50,6 +51,8 @@ interface BoundRoute {
   readonly runtime: ClusterRuntime;
   readonly policy: Policy;
   readonly classifier: OperationClassifier | null;
+  /** The route's affinity tickets (seed 004), or null. */
+  readonly tickets: TicketBook | null;
 }
 
 /** One proxied request: its client response, what to send upstream, and the exchange. */
@@ -78,6 +81,8 @@ class ProxyRequest implements ProxiedRequest {
     private readonly op: number,
     /** Declared content-length, or -1 when the body is chunked. */
     private readonly expected: number,
+    /** The node (cluster index) a valid affinity ticket names, or -1. */
+    private pinned: number,
   ) {
     this.upstream = new UpstreamRequest(method, path, headers, null);
   }
@@ -135,9 +140,15 @@ class ProxyRequest implements ProxiedRequest {
     exchange.hedgeEnabled = this.retryable && this.route.spec.hedge && this.front.hedging;
     exchange.failoverUnsent = this.route.spec.failoverUnsent;
     exchange.op = this.op;
-    if (exchange.hedgeEnabled) runtime.hedgeBudget.deposit();
     // A policy ranks every routable node; the exchange holds at most MAX_CANDIDATES of them.
     exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates), exchange.candidates.length);
+    if (this.pinned >= 0) {
+      this.pinned = pinFirst(exchange.candidates, exchange.count, this.pinned);
+      // Pinned, the request belongs on its node (its session lives there): no hedge to another
+      // one. A failure still fails over, and the client is then re-placed with a fresh ticket.
+      if (this.pinned >= 0) exchange.hedgeEnabled = false;
+    }
+    if (exchange.hedgeEnabled) runtime.hedgeBudget.deposit();
     this.exchange = exchange;
     exchange.begin();
   }
@@ -171,6 +182,9 @@ class ProxyRequest implements ProxiedRequest {
     // uWS writes `200 OK` itself when no status was written: one native call fewer for most.
     if (exchange.status !== 200) res.writeStatus(statusBytes(exchange.status));
     const isHead = this.method === 'HEAD';
+    // Placed anew (no valid ticket, or its node could not be used): a ticket for where it landed.
+    const tickets = this.route.tickets;
+    if (tickets !== null && exchange.servedBy !== this.pinned) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!));
     const own = runtime.answerLines[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
     const declaredLength = writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead);
     // uWS writes its own content-length; for HEAD it must be the node's (left out, uWS would
@@ -288,6 +302,7 @@ export class WorkerFront implements TunnelHost {
         runtime,
         policy: runtime.policy(spec.policy),
         classifier: spec.operations ? new OperationClassifier(spec.operations) : null,
+        tickets: spec.affinity ? new TicketBook(spec.affinity) : null,
       };
     });
     this.rankScratch = new Int32Array(Math.max(1, ...this.runtimes.map((r) => r.size)));
@@ -524,7 +539,8 @@ export class WorkerFront implements TunnelHost {
     const keyHeader = route.spec.keyHeader;
     // One pass over the headers picks out everything the front door reads (no getHeader call
     // per name) and collects what is forwarded.
-    scan.begin(keyHeader ?? '');
+    const tickets = route.tickets;
+    scan.begin(keyHeader ?? '', tickets === null ? '' : tickets.header);
     req.forEach(scanHeader);
     const headers = scan.headers;
     let key = '';
@@ -584,8 +600,14 @@ export class WorkerFront implements TunnelHost {
         return;
       }
     }
+    // A ticket that checks out pins the request to its node (if that node can take it).
+    let pinned = -1;
+    if (tickets !== null && scan.ticket !== '') {
+      const checked = tickets.check(scan.ticket);
+      if ('node' in checked) pinned = route.runtime.ids.indexOf(checked.node);
+    }
     this.slot.bump(C_REQUESTS);
-    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected);
+    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned);
     this.requestStarted(request);
     res.onAborted(() => request.onAborted());
     if (expected === 0) request.start();
@@ -599,6 +621,9 @@ export class WorkerFront implements TunnelHost {
  */
 const scan = {
   keyHeader: '',
+  /** The route's affinity ticket header ('' when it has none), and the ticket found. */
+  ticketHeader: '',
+  ticket: '',
   headers: [] as string[],
   key: '',
   contentLength: '',
@@ -608,8 +633,10 @@ const scan = {
   /** The upgrade header ('' when none). */
   upgrade: '',
   idempotent: false,
-  begin(keyHeader: string): void {
+  begin(keyHeader: string, ticketHeader: string): void {
     this.keyHeader = keyHeader;
+    this.ticketHeader = ticketHeader;
+    this.ticket = '';
     this.headers = [];
     this.key = '';
     this.contentLength = '';
@@ -677,5 +704,10 @@ function scanHeader(name: string, value: string): void {
       break;
   }
   if (name.length === scan.keyHeader.length && name === scan.keyHeader) scan.key = value;
+  // The ticket is the front door's business: not forwarded.
+  if (name.length === scan.ticketHeader.length && name === scan.ticketHeader) {
+    scan.ticket = value;
+    return;
+  }
   scan.headers.push(name, value);
 }

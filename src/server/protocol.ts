@@ -3,6 +3,7 @@
  * message that crosses between it and the control plane. Nothing here is sent per proxied
  * request; per-request state lives in shared memory (membership/table.ts, metrics/counters.ts).
  */
+import type { AffinitySettings } from '../affinity/tickets.js';
 
 /** Operation classes a route's classifier assigns. */
 export const OP_READ = 0;
@@ -60,6 +61,8 @@ export interface RouteSpec {
    * to the next candidate. Nothing reached the node, so this cannot apply a write twice.
    */
   readonly failoverUnsent: boolean;
+  /** Signed affinity tickets (seed 004) pin a client to the node it was placed on. Null: none. */
+  readonly affinity: AffinitySettings | null;
 }
 
 export interface ClusterSpec {

@@ -6,6 +6,7 @@
  * one that dies while the others keep serving, answers their `/stats` requests by merging every
  * worker's histograms, and drains them on stop.
  */
+import type { AffinitySettings } from '../affinity/tickets.js';
 import { EventEmitter } from 'node:events';
 import { createServer } from 'node:net';
 import { Worker } from 'node:worker_threads';
@@ -36,6 +37,7 @@ export interface RouteConfig {
   readonly operations?: OperationRules | null;
   readonly hedge?: boolean;
   readonly failoverUnsent?: boolean;
+  readonly affinity?: AffinitySettings | null;
 }
 
 export const DEFAULT_POLICY_SETTINGS: PolicySettings = { ewmaAlpha: 0.3, temperatureMs: 1, rho: 2, probeShare: 0.005 };
@@ -142,6 +144,7 @@ export class FrontDoor extends EventEmitter {
         operations: route.operations ?? null,
         hedge: route.hedge ?? true,
         failoverUnsent: route.failoverUnsent ?? false,
+        affinity: route.affinity ?? null,
       };
     });
     this.table = new TableWriter(this.nodes.length);

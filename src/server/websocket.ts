@@ -31,7 +31,8 @@ import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegmen
 import { MAX_CANDIDATES } from '../forward/exchange.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
-import type { Policy } from '../policies/types.js';
+import { pinFirst, type Policy } from '../policies/types.js';
+import { TICKET_PROTOCOL_PREFIX, type TicketBook } from '../affinity/tickets.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
 import type { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, type NodeSpec, type RouteSpec } from './protocol.js';
@@ -65,6 +66,7 @@ export interface TunnelRoute {
   readonly runtime: ClusterRuntime;
   readonly policy: Policy;
   readonly classifier: OperationClassifier | null;
+  readonly tickets: TicketBook | null;
 }
 
 /** What the tunnels need of the worker front. */
@@ -82,6 +84,8 @@ export interface TunnelHost {
 
 interface Tunnel {
   readonly upstream: WebSocket;
+  /** The first message to the client (its affinity ticket), or null. */
+  greeting: string | null;
   client: ClientSocket<{ tunnel: Tunnel }> | null;
   /** Messages from the node before the client's socket opened. */
   early: [Buffer, boolean][] | null;
@@ -143,12 +147,27 @@ export class WebSocketTunnels {
     const query = req.getQuery();
     const path = query ? `${url}?${query}` : url;
     const secKey = req.getHeader('sec-websocket-key');
-    const offered = req.getHeader('sec-websocket-protocol');
+    let offered = req.getHeader('sec-websocket-protocol');
+    const tickets = route.tickets;
+    // An affinity ticket comes as a header or, from a browser, as an offered subprotocol.
+    let ticket = tickets === null ? '' : req.getHeader(tickets.header);
+    let ticketProtocol = '';
+    if (tickets !== null && offered.includes(TICKET_PROTOCOL_PREFIX)) {
+      const rest: string[] = [];
+      for (const item of offered.split(',')) {
+        const p = item.trim();
+        if (p.startsWith(TICKET_PROTOCOL_PREFIX)) {
+          ticketProtocol = p;
+          if (ticket === '') ticket = p.slice(TICKET_PROTOCOL_PREFIX.length);
+        } else if (p !== '') rest.push(p);
+      }
+      offered = rest.join(', ');
+    }
     const keyHeader = route.spec.keyHeader;
     const key = keyHeader === null ? '' : req.getHeader(keyHeader);
     const headers: Record<string, string> = {};
     req.forEach((name, value) => {
-      if (DROPPED_REQUEST_HEADERS.has(name) || HANDSHAKE_HEADERS.has(name)) return;
+      if (DROPPED_REQUEST_HEADERS.has(name) || HANDSHAKE_HEADERS.has(name) || name === tickets?.header) return;
       // Two field lines are one list; cookies are joined as one cookie line (RFC 9113 8.2.3).
       headers[name] = name in headers ? `${headers[name]}${name === 'cookie' ? '; ' : ', '}${value}` : value;
     });
@@ -180,6 +199,10 @@ export class WebSocketTunnels {
     if (count === 0) {
       host.refuse(res, 503, errorBody('no healthy node', ErrorCodes.NO_HEALTHY_NODE), false);
       return;
+    }
+    if (tickets !== null && ticket !== '') {
+      const checked = tickets.check(ticket);
+      if ('node' in checked) pinFirst(ranking, count, runtime.ids.indexOf(checked.node));
     }
     host.slot.bump(C_REQUESTS);
     if (offered !== '') headers['sec-websocket-protocol'] = offered;
@@ -278,7 +301,11 @@ export class WebSocketTunnels {
           return;
         }
         const tunnel = this.tunnel(upstream);
-        res.cork(() => res.upgrade({ tunnel }, secKey, chosen, '', context));
+        // The first message down the socket is the ticket naming the node it reached.
+        if (tickets !== null) tunnel.greeting = JSON.stringify({ t: 'affinity', ticket: tickets.mint(runtime.ids[node]!) });
+        // A browser that offered only its ticket fails a handshake that selects nothing.
+        const selected = chosen === '' ? ticketProtocol : chosen;
+        res.cork(() => res.upgrade({ tunnel }, secKey, selected, '', context));
       });
     };
     if (WsClient !== null) attempt(0);
@@ -314,7 +341,7 @@ export class WebSocketTunnels {
 
   /** A tunnel around a node's open socket; the client side is attached when uWS opens it. */
   private tunnel(upstream: WebSocket): Tunnel {
-    const tunnel: Tunnel = { upstream, client: null, early: null, clientClosed: false, upstreamClosed: false };
+    const tunnel: Tunnel = { upstream, greeting: null, client: null, early: null, clientClosed: false, upstreamClosed: false };
     this.open.add(tunnel);
     upstream.on('message', (data: Buffer, isBinary: boolean) => {
       if (tunnel.client === null) (tunnel.early ??= []).push([data, isBinary]);
@@ -347,6 +374,7 @@ export class WebSocketTunnels {
   private opened(ws: ClientSocket<{ tunnel: Tunnel }>): void {
     const tunnel = ws.getUserData().tunnel;
     tunnel.client = ws;
+    if (tunnel.greeting !== null) ws.send(tunnel.greeting, false);
     const early = tunnel.early;
     tunnel.early = null;
     if (early !== null) for (const [data, isBinary] of early) this.toClient(tunnel, data, isBinary);

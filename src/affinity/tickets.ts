@@ -1,0 +1,98 @@
+/**
+ * Signed affinity tickets (seed 004): a ticket names the node a client was placed on, so that
+ * later requests and reconnects land there too. A ticket is a routing hint, not a capability:
+ * the signature only makes sure the front door follows tickets it minted itself.
+ *
+ *   ticket  = "v1." + base64url(payload) + "." + base64url(HMAC-SHA256(key, "v1." + base64url(payload)))
+ *   payload = JSON { a: app, n: node id, iat: issued (s), exp: expires (s), g: generation }
+ *
+ * The first key signs; every key verifies (a two-key window rotates keys without dropping the
+ * tickets out there). Verification refuses a ticket that is malformed, forged, expired, for
+ * another app, or from another generation (bumping the generation re-places every client at
+ * once).
+ */
+import { Buffer } from 'node:buffer';
+import { createHmac, timingSafeEqual } from 'node:crypto';
+
+export interface AffinitySettings {
+  /** Names the application: a ticket minted for another one is refused. */
+  readonly app: string;
+  /** Request header a ticket arrives in, and response header a fresh one leaves in. */
+  readonly header: string;
+  readonly ttlSeconds: number;
+  /** The fleet generation: tickets of any other generation are refused. */
+  readonly generation: number;
+  /** Signing keys: the first signs, every one verifies. Never logged. */
+  readonly keys: readonly string[];
+}
+
+export const DEFAULT_AFFINITY_HEADER = 'x-lakefront-affinity';
+export const DEFAULT_TICKET_TTL_SECONDS = 3600;
+/** Shortest signing key accepted (characters). */
+export const MIN_KEY_LENGTH = 32;
+/** A WebSocket client offers its ticket as a subprotocol: this prefix, then the ticket. */
+export const TICKET_PROTOCOL_PREFIX = 'lakefront-affinity.';
+
+export type TicketCheck = { readonly node: string } | { readonly refused: 'malformed' | 'forged' | 'expired' | 'app' | 'generation' };
+
+const VERSION = 'v1.';
+/** Verified tickets kept per thread (a client sends the same one again and again). */
+const CACHE_LIMIT = 10_000;
+
+function sign(key: string, text: string): Buffer {
+  return createHmac('sha256', key).update(text).digest();
+}
+
+export class TicketBook {
+  /** Verified tickets: the node each names and when it expires (ms). */
+  private readonly verified = new Map<string, { node: string; expiresAt: number }>();
+
+  constructor(
+    private readonly settings: AffinitySettings,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  get header(): string {
+    return this.settings.header;
+  }
+
+  /** A ticket naming `node`, valid for the configured time. */
+  mint(node: string): string {
+    const { app, ttlSeconds, generation, keys } = this.settings;
+    const iat = Math.floor(this.now() / 1000);
+    const payload = Buffer.from(JSON.stringify({ a: app, n: node, iat, exp: iat + ttlSeconds, g: generation })).toString('base64url');
+    const signed = VERSION + payload;
+    return `${signed}.${sign(keys[0]!, signed).toString('base64url')}`;
+  }
+
+  /** The node a ticket names, or why it is refused. */
+  check(ticket: string): TicketCheck {
+    const hit = this.verified.get(ticket);
+    if (hit !== undefined) {
+      if (this.now() < hit.expiresAt) return { node: hit.node };
+      this.verified.delete(ticket);
+      return { refused: 'expired' };
+    }
+    if (!ticket.startsWith(VERSION)) return { refused: 'malformed' };
+    const dot = ticket.lastIndexOf('.');
+    if (dot <= VERSION.length) return { refused: 'malformed' };
+    const signed = ticket.slice(0, dot);
+    const signature = Buffer.from(ticket.slice(dot + 1), 'base64url');
+    if (signature.length !== 32) return { refused: 'malformed' };
+    if (!this.settings.keys.some((key) => timingSafeEqual(sign(key, signed), signature))) return { refused: 'forged' };
+    let payload: { a?: unknown; n?: unknown; exp?: unknown; g?: unknown };
+    try {
+      payload = JSON.parse(Buffer.from(signed.slice(VERSION.length), 'base64url').toString('utf8')) as typeof payload;
+    } catch {
+      return { refused: 'malformed' };
+    }
+    if (typeof payload !== 'object' || payload === null || typeof payload.n !== 'string' || typeof payload.exp !== 'number') return { refused: 'malformed' };
+    if (payload.a !== this.settings.app) return { refused: 'app' };
+    if (payload.g !== this.settings.generation) return { refused: 'generation' };
+    const expiresAt = payload.exp * 1000;
+    if (this.now() >= expiresAt) return { refused: 'expired' };
+    if (this.verified.size >= CACHE_LIMIT) this.verified.clear();
+    this.verified.set(ticket, { node: payload.n, expiresAt });
+    return { node: payload.n };
+  }
+}

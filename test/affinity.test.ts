@@ -1,0 +1,189 @@
+/**
+ * Signed affinity tickets (seed 004): minting and every reason to refuse one, key rotation, and
+ * sticky placement through the front door.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { Buffer } from 'node:buffer';
+import { createHmac } from 'node:crypto';
+import { after, before, describe, it } from 'node:test';
+import { TicketBook, type AffinitySettings } from '../src/affinity/tickets.js';
+import { parseCommand } from '../src/config/config.js';
+import { ConfigError } from '../src/errors.js';
+import { defaultSettings } from '../src/server/settings.js';
+import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
+import { startNodes, type FakeNode } from './fixtures/fake-node.js';
+import { call, rpc } from './fixtures/http.js';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const KEY_A = 'a'.repeat(24) + '-first-signing-key';
+const KEY_B = 'b'.repeat(24) + '-second-signing-key';
+
+function settings(overrides: Partial<AffinitySettings> = {}): AffinitySettings {
+  return { app: 'boards', header: 'x-lakefront-affinity', ttlSeconds: 3600, generation: 1, keys: [KEY_A], ...overrides };
+}
+
+/** A ticket signed properly around an arbitrary payload text. */
+function signedAround(payload: string, key = KEY_A): string {
+  const signed = `v1.${Buffer.from(payload).toString('base64url')}`;
+  return `${signed}.${createHmac('sha256', key).update(signed).digest('base64url')}`;
+}
+
+describe('affinity tickets', () => {
+  it('names the node it was minted for', () => {
+    const book = new TicketBook(settings());
+    const ticket = book.mint('node-b');
+    assert.match(ticket, /^v1\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]{43}$/);
+    assert.deepEqual(book.check(ticket), { node: 'node-b' });
+    assert.deepEqual(book.check(ticket), { node: 'node-b' }, 'again (from the cache)');
+  });
+
+  it('refuses a malformed, forged, expired, other-app or other-generation ticket', () => {
+    let now = 1_800_000_000_000;
+    const book = new TicketBook(settings(), () => now);
+    const good = book.mint('node-a');
+    const [version, payload, signature] = good.split('.');
+    const cases: [string, string][] = [
+      ['', 'malformed'],
+      ['garbage', 'malformed'],
+      [`v2.${payload}.${signature}`, 'malformed'],
+      [`v1.${payload}.short`, 'malformed'],
+      [signedAround('not json'), 'malformed'],
+      [signedAround('{"a":"boards","g":1}'), 'malformed'],
+      [new TicketBook(settings({ keys: [KEY_B] })).mint('node-a'), 'forged'],
+      [`${version}.${Buffer.from(Buffer.from(payload!, 'base64url').toString().replace('node-a', 'node-c')).toString('base64url')}.${signature}`, 'forged'],
+      [new TicketBook(settings({ app: 'other' }), () => now).mint('node-a'), 'app'],
+      [new TicketBook(settings({ generation: 2 }), () => now).mint('node-a'), 'generation'],
+    ];
+    for (const [ticket, reason] of cases) assert.deepEqual(book.check(ticket), { refused: reason }, ticket);
+    assert.deepEqual(book.check(good), { node: 'node-a' });
+    now += 3600 * 1000;
+    assert.deepEqual(book.check(good), { refused: 'expired' }, 'an hour later, though verified before');
+    assert.deepEqual(new TicketBook(settings(), () => now).check(good), { refused: 'expired' });
+  });
+
+  it('rotates keys: the new key signs, the old one still verifies until it is dropped', () => {
+    const old = new TicketBook(settings({ keys: [KEY_A] })).mint('node-a');
+    const rotating = new TicketBook(settings({ keys: [KEY_B, KEY_A] }));
+    assert.deepEqual(rotating.check(old), { node: 'node-a' });
+    const fresh = rotating.mint('node-c');
+    assert.deepEqual(new TicketBook(settings({ keys: [KEY_B] })).check(fresh), { node: 'node-c' }, 'signed with the new key');
+    assert.deepEqual(new TicketBook(settings({ keys: [KEY_B] })).check(old), { refused: 'forged' }, 'the old key dropped');
+  });
+
+  it('takes its keys from LAKEFRONT_AFFINITY_KEYS, never naming one in an error', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lakefront-affinity-'));
+    try {
+      const path = join(dir, 'lf.json');
+      writeFileSync(
+        path,
+        JSON.stringify({
+          clusters: [{ name: 'c', nodes: 'a=http://127.0.0.1:1' }],
+          routes: [{ path: '/live/*', cluster: 'c', policy: 'round_robin', keyHeader: null, affinity: { app: 'boards', generation: 3 } }],
+        }),
+      );
+      const parsed = parseCommand(['--config', path], { LAKEFRONT_AFFINITY_KEYS: `${KEY_B}, ${KEY_A}` });
+      assert.equal(parsed.kind, 'run');
+      const route = (parsed as { config: FrontDoorConfig }).config.routes[0]!;
+      assert.deepEqual(route.affinity, { app: 'boards', header: 'x-lakefront-affinity', ttlSeconds: 3600, generation: 3, keys: [KEY_B, KEY_A] });
+      assert.throws(() => parseCommand(['--config', path], {}), (err: Error) => err instanceof ConfigError && /routes\[0\]\.affinity: tickets need signing keys in LAKEFRONT_AFFINITY_KEYS/.test(err.message));
+      const short = 'short-secret-value';
+      assert.throws(
+        () => parseCommand(['--config', path], { LAKEFRONT_AFFINITY_KEYS: `${KEY_A},${short}` }),
+        (err: Error) => err instanceof ConfigError && /key 2 of 2 has 18 characters; at least 32/.test(err.message) && !err.message.includes(short),
+      );
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('affinity through the front door', () => {
+  let nodes: FakeNode[];
+  let door: FrontDoor;
+  const book = new TicketBook(settings());
+  before(async () => {
+    nodes = await startNodes('sticky-a', 'sticky-b', 'sticky-c');
+    door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 2,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [{ pattern: '/rpc/*', cluster: 'default', policy: 'round_robin', keyHeader: null, affinity: settings() }],
+      healthIntervalMs: 50,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({ hedgeDelayMs: 20 }),
+    });
+  });
+  after(async () => {
+    await door.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  const read = (ticket?: string) => call(`${door.url}/rpc/query.execute`, { headers: ticket === undefined ? {} : { 'x-lakefront-affinity': ticket } });
+
+  it('places a client, hands it a ticket, and keeps it on that node while the ticket holds', async () => {
+    const first = await read();
+    assert.equal(first.status, 200);
+    const placed = String(first.headers['x-lakefront-served-by']);
+    const ticket = String(first.headers['x-lakefront-affinity']);
+    assert.deepEqual(book.check(ticket), { node: placed }, 'the ticket names the node that served');
+    const unpinned = new Set<string>();
+    for (let i = 0; i < 6; i++) {
+      const reply = await read(ticket);
+      assert.equal(reply.headers['x-lakefront-served-by'], placed);
+      assert.equal(reply.headers['x-lakefront-affinity'], undefined, 'no new ticket while it holds');
+      unpinned.add(String((await read()).headers['x-lakefront-served-by']));
+    }
+    assert.ok(unpinned.size > 1, 'without a ticket, round robin moves on');
+    const node = nodes.find((n) => n.id === placed)!;
+    assert.equal(node.received.at(-1)!.headers['x-lakefront-affinity'], undefined, 'the ticket is not forwarded');
+  });
+
+  it('is not hedged away from its node: the session lives there', async () => {
+    const placed = await read();
+    const node = nodes.find((n) => n.id === placed.headers['x-lakefront-served-by'])!;
+    node.behaviour = { kind: 'answer', delayMs: 200 }; // ten hedge delays
+    try {
+      const reply = await read(String(placed.headers['x-lakefront-affinity']));
+      assert.equal(reply.headers['x-lakefront-served-by'], node.id);
+      assert.equal(reply.headers['x-lakefront-hedged'], '0');
+    } finally {
+      node.behaviour = { kind: 'answer' };
+    }
+  });
+
+  it('re-places a client whose ticket is forged, or names a node that is down, with a fresh ticket', async () => {
+    const forged = new TicketBook(settings({ keys: [KEY_B] })).mint('sticky-a');
+    const served = new Set<string>();
+    for (let i = 0; i < 6; i++) {
+      const reply = await read(forged);
+      served.add(String(reply.headers['x-lakefront-served-by']));
+      assert.deepEqual(book.check(String(reply.headers['x-lakefront-affinity'])), { node: reply.headers['x-lakefront-served-by'] });
+    }
+    assert.ok(served.size > 1, 'a forged ticket is no ticket: round robin');
+
+    const placed = await read();
+    const down = nodes.find((n) => n.id === placed.headers['x-lakefront-served-by'])!;
+    down.healthy = false;
+    try {
+      while (((await call(`${door.url}/health`)).json<{ healthy: string[] }>().healthy).includes(down.id)) await once(down, 'probe');
+      const moved = await read(String(placed.headers['x-lakefront-affinity']));
+      assert.equal(moved.status, 200);
+      assert.notEqual(moved.headers['x-lakefront-served-by'], down.id);
+      assert.deepEqual(book.check(String(moved.headers['x-lakefront-affinity'])), { node: moved.headers['x-lakefront-served-by'] }, 'a fresh ticket for the new node');
+    } finally {
+      down.healthy = true;
+    }
+  });
+
+  it('keeps a write on its node too (a bare write is still sent once)', async () => {
+    const placed = await read();
+    const ticket = String(placed.headers['x-lakefront-affinity']);
+    const reply = await rpc(door.url, 'board.append', 'unused', { headers: { 'x-lakefront-affinity': ticket } });
+    assert.equal(reply.status, 200);
+    assert.equal(reply.headers['x-lakefront-served-by'], placed.headers['x-lakefront-served-by']);
+  });
+});
