@@ -96,6 +96,34 @@ describe('etcd behind Lakefront', () => {
     }
   });
 
+  it('hybrid with affinity tickets: a ticket pins reads to its member, never a write away from the leader', async () => {
+    const base = (parseCommand(['--etcd', cluster.nodeList, '--etcd-policy', 'hybrid', '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '200'], {}) as { config: FrontDoorConfig }).config;
+    const affinity = { app: 'kv', header: 'x-lakefront-affinity', ttlSeconds: 3600, generation: 0, keys: ['t'.repeat(40)] };
+    const door = await FrontDoor.start({ ...base, routes: base.routes.map((r) => ({ ...r, affinity })) });
+    try {
+      const leader = await cluster.leader();
+      // Reads spread over the members: find one placed on a follower.
+      let follower = '';
+      let ticket = '';
+      for (let i = 0; i < 40 && follower === ''; i++) {
+        const reply = await range(door.url, `sticky-${i}`, true);
+        const served = String(reply.headers['x-lakefront-served-by']);
+        if (served !== leader) [follower, ticket] = [served, String(reply.headers['x-lakefront-affinity'])];
+      }
+      assert.notEqual(follower, '', 'some read was placed on a follower');
+      const pinned = { 'x-lakefront-affinity': ticket };
+      for (let i = 0; i < 3; i++) {
+        const read = await call(`${door.url}/v3/kv/range`, { method: 'POST', body: JSON.stringify({ key: b64('sticky') }), headers: pinned });
+        assert.equal(read.headers['x-lakefront-served-by'], follower, 'the ticket pins reads');
+      }
+      const write = await call(`${door.url}/v3/kv/put`, { method: 'POST', body: JSON.stringify({ key: b64('sticky'), value: b64('v') }), headers: pinned });
+      assert.equal(write.status, 200);
+      assert.equal(write.headers['x-lakefront-served-by'], leader, 'the write still goes to the leader');
+    } finally {
+      await door.stop();
+    }
+  });
+
   it('round_robin: writes land on every member (the stock client, for contrast)', async () => {
     const door = await front(cluster.nodeList, 'round_robin');
     try {

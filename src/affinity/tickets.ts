@@ -33,9 +33,16 @@ export const MIN_KEY_LENGTH = 32;
 /** A WebSocket client offers its ticket as a subprotocol: this prefix, then the ticket. */
 export const TICKET_PROTOCOL_PREFIX = 'lakefront-affinity.';
 
-export type TicketCheck = { readonly node: string } | { readonly refused: 'malformed' | 'forged' | 'expired' | 'app' | 'generation' };
+/** A ticket that checks out: its node and when it expires (ms since the epoch); or why not. */
+export type TicketCheck = { readonly node: string; readonly expiresAt: number } | { readonly refused: 'malformed' | 'forged' | 'expired' | 'app' | 'generation' };
 
 const VERSION = 'v1.';
+/**
+ * The only shape a ticket takes: base64url payload, a 43-character base64url signature. Checked
+ * before decoding: Node's base64url decoder skips stray characters and spare bits, so without it
+ * endless spellings of one ticket would verify (and each take a place in the cache).
+ */
+const SHAPE = /^v1\.[A-Za-z0-9_-]{1,400}\.[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$/;
 /** Verified tickets kept per thread (a client sends the same one again and again). */
 const CACHE_LIMIT = 10_000;
 
@@ -56,6 +63,11 @@ export class TicketBook {
     return this.settings.header;
   }
 
+  /** Whether a valid ticket is past half its lifetime: an answer carries a fresh one then. */
+  wearing(expiresAt: number): boolean {
+    return expiresAt - this.now() < this.settings.ttlSeconds * 500;
+  }
+
   /** A ticket naming `node`, valid for the configured time. */
   mint(node: string): string {
     const { app, ttlSeconds, generation, keys } = this.settings;
@@ -69,16 +81,14 @@ export class TicketBook {
   check(ticket: string): TicketCheck {
     const hit = this.verified.get(ticket);
     if (hit !== undefined) {
-      if (this.now() < hit.expiresAt) return { node: hit.node };
+      if (this.now() < hit.expiresAt) return hit;
       this.verified.delete(ticket);
       return { refused: 'expired' };
     }
-    if (!ticket.startsWith(VERSION)) return { refused: 'malformed' };
+    if (!SHAPE.test(ticket)) return { refused: 'malformed' };
     const dot = ticket.lastIndexOf('.');
-    if (dot <= VERSION.length) return { refused: 'malformed' };
     const signed = ticket.slice(0, dot);
     const signature = Buffer.from(ticket.slice(dot + 1), 'base64url');
-    if (signature.length !== 32) return { refused: 'malformed' };
     if (!this.settings.keys.some((key) => timingSafeEqual(sign(key, signed), signature))) return { refused: 'forged' };
     let payload: { a?: unknown; n?: unknown; exp?: unknown; g?: unknown };
     try {
@@ -91,8 +101,9 @@ export class TicketBook {
     if (payload.g !== this.settings.generation) return { refused: 'generation' };
     const expiresAt = payload.exp * 1000;
     if (this.now() >= expiresAt) return { refused: 'expired' };
+    const valid = { node: payload.n, expiresAt };
     if (this.verified.size >= CACHE_LIMIT) this.verified.clear();
-    this.verified.set(ticket, { node: payload.n, expiresAt });
-    return { node: payload.n };
+    this.verified.set(ticket, valid);
+    return valid;
   }
 }

@@ -19,7 +19,7 @@
  * Every bad value is a ConfigError naming its place, e.g. `routes[1].policy: unknown policy "x"`.
  */
 import { DEFAULT_AFFINITY_HEADER, DEFAULT_TICKET_TTL_SECONDS, type AffinitySettings } from '../affinity/tickets.js';
-import { DROPPED_REQUEST_HEADERS } from '../contract.js';
+import { DROPPED_REQUEST_HEADERS, HEDGED_HEADER, IDEMPOTENT_HEADER, SERVED_BY_HEADER } from '../contract.js';
 import { ConfigError } from '../errors.js';
 import { validateMembers, type MemberConfig } from '../membership/membership.js';
 import { POLICY_NAMES, type OperationRules, type PolicyName, type PolicySettings } from '../server/protocol.js';
@@ -107,17 +107,24 @@ function operations(value: unknown, where: string, base: OperationRules | null):
   return { reads: list('reads'), writes: list('writes'), unsupported: list('unsupported'), otherwise };
 }
 
+const RESERVED_TICKET_HEADERS: ReadonlySet<string> = new Set(['authorization', 'cookie', 'set-cookie', SERVED_BY_HEADER, HEDGED_HEADER, IDEMPOTENT_HEADER]);
+
 /**
  * A route's `affinity` (seed 004): `{ app, header?, ttlSeconds?, generation? }`. The signing keys
  * never come from the file: the caller adds them from the environment (LAKEFRONT_AFFINITY_KEYS).
  */
-function affinity(value: unknown, where: string): AffinitySettings {
-  if (!isObject(value)) fail(where, 'must be { app, header?, ttlSeconds?, generation? }');
+function affinity(value: unknown, where: string, keyHeader: string | null): AffinitySettings {
+  if (!isObject(value)) fail(where, `must be { app, header?, ttlSeconds?, generation? }, got ${JSON.stringify(value)}`);
   known(value, ['app', 'header', 'ttlSeconds', 'generation'], where);
   const app = str(value, 'app', where, true);
   if (app === '') fail(`${where}.app`, 'must not be empty');
   const header = (str(value, 'header', where) ?? DEFAULT_AFFINITY_HEADER).toLowerCase();
   if (!/^[!#$%&'*+.^_`|~0-9a-z-]+$/.test(header) || DROPPED_REQUEST_HEADERS.has(header)) fail(`${where}.header`, `not a usable header name: ${JSON.stringify(header)}`);
+  // The ticket header is taken off every request: it must not be one the nodes or the front door
+  // need (authorization and cookies are forwarded untouched).
+  if (RESERVED_TICKET_HEADERS.has(header) || header.startsWith('sec-websocket-') || header === keyHeader) {
+    fail(`${where}.header`, `"${header}" is ${header === keyHeader ? "the route's key header" : 'a header the nodes or the front door need'}; tickets need one of their own`);
+  }
   const ttlSeconds = num(value, 'ttlSeconds', where, 1, 30 * 86_400) ?? DEFAULT_TICKET_TTL_SECONDS;
   const generation = num(value, 'generation', where, 0, Number.MAX_SAFE_INTEGER) ?? 0;
   if (!Number.isInteger(ttlSeconds)) fail(`${where}.ttlSeconds`, `must be a whole number, got ${ttlSeconds}`);
@@ -207,7 +214,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
       operations: r.operations !== undefined ? operations(r.operations, `${where}.operations`, base.operations ?? null) : (base.operations ?? null),
       hedge: bool(r, 'hedge', where) ?? base.hedge ?? true,
       failoverUnsent: bool(r, 'failoverUnsent', where) ?? base.failoverUnsent ?? false,
-      affinity: r.affinity !== undefined && r.affinity !== null ? affinity(r.affinity, `${where}.affinity`) : null,
+      affinity: r.affinity !== undefined && r.affinity !== null ? affinity(r.affinity, `${where}.affinity`, keyHeader) : null,
     };
   });
   const paths = new Set<string>();

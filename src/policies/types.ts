@@ -51,16 +51,21 @@ export function rotateInto(nodes: readonly number[], start: number, out: Int32Ar
 }
 
 /**
- * Moves `node` to the head of `candidates[0 .. count)`, keeping the others' order; returns it,
- * or -1 when it is not among them (not routable now: the request is placed anew). For affinity
- * tickets, which pin a client to the node they name.
+ * Puts `node` at the head of `candidates[0 .. count)`, keeping the others' order (affinity
+ * tickets pin a client to the node they name). A routable node past the candidates held (a large
+ * cluster) is put in front of them, the last one dropping out if there is no room. Returns the
+ * new count, or -1 when `node` is not routable (the request is placed anew).
  */
-export function pinFirst(candidates: Int32Array, count: number, node: number): number {
+export function pinFirst(candidates: Int32Array, count: number, node: number, routable: boolean): number {
   for (let i = 0; i < count; i++) {
     if (candidates[i] !== node) continue;
     candidates.copyWithin(1, 0, i);
     candidates[0] = node;
-    return node;
+    return count;
   }
-  return -1;
+  if (!routable || node < 0) return -1;
+  const n = Math.min(count + 1, candidates.length);
+  candidates.copyWithin(1, 0, n - 1);
+  candidates[0] = node;
+  return n;
 }

@@ -83,6 +83,8 @@ class ProxyRequest implements ProxiedRequest {
     private readonly expected: number,
     /** The node (cluster index) a valid affinity ticket names, or -1. */
     private pinned: number,
+    /** That ticket is past half its life: the answer carries a fresh one. */
+    private readonly renewTicket: boolean,
   ) {
     this.upstream = new UpstreamRequest(method, path, headers, null);
   }
@@ -142,11 +144,16 @@ class ProxyRequest implements ProxiedRequest {
     exchange.op = this.op;
     // A policy ranks every routable node; the exchange holds at most MAX_CANDIDATES of them.
     exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates), exchange.candidates.length);
-    if (this.pinned >= 0) {
-      this.pinned = pinFirst(exchange.candidates, exchange.count, this.pinned);
-      // Pinned, the request belongs on its node (its session lives there): no hedge to another
-      // one. A failure still fails over, and the client is then re-placed with a fresh ticket.
-      if (this.pinned >= 0) exchange.hedgeEnabled = false;
+    // On a hybrid route writes belong to the leader, ticket or not.
+    if (this.pinned >= 0 && (this.op === OP_READ || this.route.spec.policy !== 'hybrid')) {
+      const count = pinFirst(exchange.candidates, exchange.count, this.pinned, runtime.view.weights[this.pinned]! > 0);
+      if (count < 0) this.pinned = -1;
+      else {
+        exchange.count = count;
+        // Pinned, the request belongs on its node (its session lives there): no hedge to
+        // another one. A failure still fails over, and the client is re-placed with a ticket.
+        exchange.hedgeEnabled = false;
+      }
     }
     if (exchange.hedgeEnabled) runtime.hedgeBudget.deposit();
     this.exchange = exchange;
@@ -182,11 +189,12 @@ class ProxyRequest implements ProxiedRequest {
     // uWS writes `200 OK` itself when no status was written: one native call fewer for most.
     if (exchange.status !== 200) res.writeStatus(statusBytes(exchange.status));
     const isHead = this.method === 'HEAD';
-    // Placed anew (no valid ticket, or its node could not be used): a ticket for where it landed.
+    // Placed anew (no valid ticket, or its node could not be used), or a ticket past half its
+    // life: a fresh ticket for where it landed. A node's own header of that name is not relayed.
     const tickets = this.route.tickets;
-    if (tickets !== null && exchange.servedBy !== this.pinned) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!));
+    if (tickets !== null && (exchange.servedBy !== this.pinned || this.renewTicket)) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!));
     const own = runtime.answerLines[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
-    const declaredLength = writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead);
+    const declaredLength = writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead, tickets === null ? null : tickets.header);
     // uWS writes its own content-length; for HEAD it must be the node's (left out, uWS would
     // write a bogus huge one and treat the response as unfinished).
     if (isHead) res.endWithoutBody(declaredLength, close);
@@ -602,12 +610,16 @@ export class WorkerFront implements TunnelHost {
     }
     // A ticket that checks out pins the request to its node (if that node can take it).
     let pinned = -1;
+    let renew = false;
     if (tickets !== null && scan.ticket !== '') {
       const checked = tickets.check(scan.ticket);
-      if ('node' in checked) pinned = route.runtime.ids.indexOf(checked.node);
+      if ('node' in checked) {
+        pinned = route.runtime.ids.indexOf(checked.node);
+        renew = tickets.wearing(checked.expiresAt);
+      }
     }
     this.slot.bump(C_REQUESTS);
-    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned);
+    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew);
     this.requestStarted(request);
     res.onAborted(() => request.onAborted());
     if (expected === 0) request.start();

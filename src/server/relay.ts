@@ -76,9 +76,9 @@ let scratch = new PrefixViews(Buffer.allocUnsafe(16 * 1024));
 /**
  * Writes the front door's `own` lines (from {@link answerLines}) and the relayed fields as header
  * lines of `res`, in one call. For a HEAD answer (`head`), returns the node's content-length (uWS
- * must be told it; it is not relayed as a line), else 0.
+ * must be told it; it is not relayed as a line), else 0. `drop`: one more name not relayed.
  */
-export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | null, own: Buffer, head: boolean): number {
+export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | null, own: Buffer, head: boolean, drop: string | null = null): number {
   let need = own.length;
   const count = fields === null ? 0 : fields.count;
   const o = fields === null ? null : fields.offsets;
@@ -96,6 +96,8 @@ export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | nu
       if (head && nameIs(src, ns, ne, 'content-length')) declaredLength = Math.max(0, parseDecimal(src, o![i + 2]!, o![i + 3]!));
       continue;
     }
+    // The route's affinity ticket header is the front door's to write.
+    if (drop !== null && ne - ns === drop.length && nameIs(src, ns, ne, drop)) continue;
     for (let k = ns; k < ne; k++) out[at++] = src[k]!;
     out[at++] = 0x3a;
     out[at++] = 0x20;

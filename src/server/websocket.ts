@@ -202,7 +202,10 @@ export class WebSocketTunnels {
     }
     if (tickets !== null && ticket !== '') {
       const checked = tickets.check(ticket);
-      if ('node' in checked) pinFirst(ranking, count, runtime.ids.indexOf(checked.node));
+      if ('node' in checked) {
+        const node = runtime.ids.indexOf(checked.node);
+        pinFirst(ranking, count, node, node >= 0 && runtime.view.weights[node]! > 0);
+      }
     }
     host.slot.bump(C_REQUESTS);
     if (offered !== '') headers['sec-websocket-protocol'] = offered;
