@@ -3,89 +3,17 @@
  * `ws` servers as nodes.
  */
 import assert from 'node:assert/strict';
-import { EventEmitter, once } from 'node:events';
-import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { once } from 'node:events';
+import type { IncomingHttpHeaders } from 'node:http';
 import { after, afterEach, before, describe, it } from 'node:test';
 import { performance } from 'node:perf_hooks';
-import WebSocket, { WebSocketServer } from 'ws';
+import WebSocket from 'ws';
 import { parseCommand } from '../src/config/config.js';
 import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
 import { TicketBook } from '../src/affinity/tickets.js';
 import { defaultSettings } from '../src/server/settings.js';
 import { call, ranking, rawExchange } from './fixtures/http.js';
-
-/** A node that speaks WebSocket: echoes text as `<id>:<text>` and binary as it is. */
-class WsNode extends EventEmitter {
-  readonly server: Server;
-  readonly wss = new WebSocketServer({ noServer: true, perMessageDeflate: false, handleProtocols: (offered) => this.pick(offered) });
-  url = '';
-  /** What the handshake gets: upgraded, or a plain HTTP answer with this status. */
-  refuseWith = 0;
-  /** The subprotocol it picks from an offer (false: none). */
-  pick: (offered: Set<string>) => string | false = (offered) => (offered.has('chat.v2') ? 'chat.v2' : false);
-  readonly handshakes: IncomingHttpHeaders[] = [];
-  readonly sockets: WebSocket[] = [];
-  readonly closes: { code: number; reason: string }[] = [];
-  /** Flood messages handed to the kernel. */
-  flushed = 0;
-  /** Padding added to a refusal's body. */
-  refusalPadding = 0;
-  /** Hold each handshake until this resolves. */
-  hold: Promise<void> | null = null;
-
-  constructor(readonly id: string) {
-    super();
-    this.server = createServer((_req, res) => res.end('ok'));
-    this.server.on('upgrade', async (req, socket, head) => {
-      this.handshakes.push(req.headers);
-      this.emit('handshake');
-      if (this.hold !== null) await this.hold;
-      if (this.refuseWith !== 0) {
-        const body = JSON.stringify({ refused: this.id, padding: 'p'.repeat(this.refusalPadding) });
-        socket.end(`HTTP/1.1 ${this.refuseWith} Nope\r\ncontent-type: application/json\r\nx-node: ${this.id}\r\ncontent-length: ${body.length}\r\nconnection: close\r\n\r\n${body}`);
-        return;
-      }
-      this.wss.handleUpgrade(req, socket, head, (ws) => {
-        this.sockets.push(ws);
-        ws.on('message', (data: Buffer, isBinary) => {
-          const flood = /^flood:(\d+):(\d+)$/.exec(isBinary ? '' : data.toString());
-          if (flood === null) {
-            ws.send(isBinary ? data : `${this.id}:${data.toString()}`, { binary: isBinary });
-            return;
-          }
-          // `count` binary messages of `size` bytes, each numbered in its first four.
-          for (let i = 0; i < Number(flood[1]); i++) {
-            const message = Buffer.alloc(Number(flood[2]), 7);
-            message.writeUInt32BE(i, 0);
-            ws.send(message, { binary: true }, () => {
-              this.flushed++;
-              this.emit('flushed');
-            });
-          }
-        });
-        ws.on('close', (code, reason) => {
-          const close = { code, reason: reason.toString() };
-          this.closes.push(close);
-          this.emit('closed', close);
-        });
-      });
-    });
-  }
-
-  async start(): Promise<this> {
-    this.server.listen(0, '127.0.0.1');
-    await once(this.server, 'listening');
-    this.url = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
-    return this;
-  }
-
-  async stop(): Promise<void> {
-    for (const ws of this.wss.clients) ws.terminate();
-    this.server.closeAllConnections();
-    await new Promise((resolve) => this.server.close(resolve));
-  }
-}
+import { WsNode } from './fixtures/ws-node.js';
 
 function connect(url: string, board: string | null, protocols: string[] = [], headers: Record<string, string> = {}): WebSocket {
   return new WebSocket(url.replace('http:', 'ws:') + '/rpc/live', protocols, {
