@@ -113,6 +113,21 @@ describe('WebSocket tunnels', () => {
     assert.deepEqual(got, [`${home}:one`, 'bin:000102ff', `${home}:${'x'.repeat(100_000)}`, `${home}:ünïcödé`]);
   });
 
+  it('counts the tunnels open in /stats', async () => {
+    const websockets = async (): Promise<number> => (await call(`${door.url}/stats`)).json<{ websockets: number }>().websockets;
+    const base = await websockets();
+    const a = track(connect(door.url, 'ws-count-1'));
+    const b = track(connect(door.url, 'ws-count-2'));
+    await Promise.all([opened(a), opened(b)]);
+    assert.equal(await websockets(), base + 2);
+    a.close(1000);
+    await closed(a);
+    assert.equal(await websockets(), base + 1);
+    b.close(1000);
+    await closed(b);
+    assert.equal(await websockets(), base);
+  });
+
   it('answers with the subprotocol the node chose', async () => {
     const ws = track(connect(door.url, 'ws-board-2', ['chat.v1', 'chat.v2']));
     await opened(ws);

@@ -25,7 +25,9 @@
  *                                hedge timer found no token and they could not wait (the budget
  *                                had shrunk, or the list was full); counted as the request
  *                                settles, and not if a later primary was hedged
- *  6 .. 7         reserved
+ *  6              websockets     WebSocket tunnels open (a gauge: up when the node accepts, down
+ *                                when the tunnel ends)
+ *  7              reserved
  *  8 + 4n + 0     node n: attempts started
  *  8 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
  *  8 + 4n + 2     node n: attempts in flight (up on start, down on end)
@@ -39,6 +41,7 @@ export const C_HEDGE_WINS = 2;
 export const C_FAILOVERS = 3;
 export const C_REJECTED = 4;
 export const C_HEDGES_DENIED = 5;
+export const C_WEBSOCKETS = 6;
 const SLOT_HEADER = 8;
 const PER_NODE = 4;
 export const N_ATTEMPTS = 0;
@@ -63,6 +66,7 @@ export interface CounterTotals {
   failovers: number;
   rejected: number;
   hedgesDenied: number;
+  websockets: number;
   nodes: { attempts: number; failures: number; inflight: number; wins: number }[];
 }
 
@@ -87,6 +91,10 @@ export class CounterSlot {
 
   bump(field: number): void {
     this.add(field, 1);
+  }
+
+  drop(field: number): void {
+    this.add(field, -1);
   }
 
   bumpNode(node: number, field: number): void {
@@ -123,9 +131,13 @@ export class CounterSlot {
     if (this.flushTimer === null) this.flushTimer = setTimeout(this.flushNow, FLUSH_MS).unref();
   }
 
-  /** Zero the in-flight lanes: used when a replacement takes over a dead worker's slot. */
+  /**
+   * Zero the gauges (in-flight attempts, open WebSocket tunnels): used when a replacement takes
+   * over a dead worker's slot, whose connections died with it.
+   */
   resetInflight(nodeCount: number): void {
     for (let n = 0; n < nodeCount; n++) Atomics.store(this.lanes, this.base + SLOT_HEADER + PER_NODE * n + N_INFLIGHT, 0n);
+    Atomics.store(this.lanes, this.base + C_WEBSOCKETS, 0n);
   }
 }
 
@@ -155,6 +167,7 @@ export function readTotals(buffer: SharedArrayBuffer, slots: number, nodeCount: 
     failovers: sum(C_FAILOVERS),
     rejected: sum(C_REJECTED),
     hedgesDenied: sum(C_HEDGES_DENIED),
+    websockets: sum(C_WEBSOCKETS),
     nodes,
   };
 }

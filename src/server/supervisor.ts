@@ -206,6 +206,7 @@ export class FrontDoor extends EventEmitter {
       failovers: totals.failovers,
       rejected: totals.rejected,
       hedgesDenied: totals.hedgesDenied,
+      websockets: totals.websockets,
       healthy: this.memberships.flatMap((m) => m.healthyIds()),
       leaders: Object.fromEntries(
         this.leaderProbes.flatMap((p, i) => (p ? [[this.clusters[i]!.name, p.leader]] : [])),

@@ -30,7 +30,7 @@ import type WebSocket from 'ws';
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
 import { MAX_CANDIDATES } from '../forward/exchange.js';
 import { ErrorCodes, errorBody } from '../errors.js';
-import { C_REQUESTS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
+import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
 import { pinFirst, type Policy } from '../policies/types.js';
 import { TICKET_PROTOCOL_PREFIX, type TicketBook } from '../affinity/tickets.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
@@ -346,6 +346,7 @@ export class WebSocketTunnels {
   private tunnel(upstream: WebSocket): Tunnel {
     const tunnel: Tunnel = { upstream, greeting: null, client: null, early: null, clientClosed: false, upstreamClosed: false };
     this.open.add(tunnel);
+    this.host.slot.bump(C_WEBSOCKETS);
     upstream.on('message', (data: Buffer, isBinary: boolean) => {
       if (tunnel.client === null) (tunnel.early ??= []).push([data, isBinary]);
       else this.toClient(tunnel, data, isBinary);
@@ -435,6 +436,6 @@ export class WebSocketTunnels {
   }
 
   private forget(tunnel: Tunnel): void {
-    this.open.delete(tunnel);
+    if (this.open.delete(tunnel)) this.host.slot.drop(C_WEBSOCKETS);
   }
 }
