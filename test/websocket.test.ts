@@ -91,12 +91,13 @@ describe('WebSocket tunnels', () => {
   it('places the socket on the board\'s first node and relays text and binary both ways, in order', async () => {
     const [home] = await ranking(door.url, 'ws-board-1');
     const before = byId(home!).handshakes.length;
-    const ws = track(connect(door.url, 'ws-board-1', [], { authorization: 'Bearer t0ken' }));
+    const ws = track(connect(door.url, 'ws-board-1', [], { authorization: 'Bearer t0ken', constructor: 'c' }));
     await opened(ws);
     assert.equal(byId(home!).handshakes.length, before + 1, 'the board\'s node took it');
     const headers = byId(home!).handshakes.at(-1)!;
     assert.equal(headers['x-lakefront-board'], 'ws-board-1');
     assert.equal(headers.authorization, 'Bearer t0ken', 'forwarded as it is');
+    assert.equal(headers.constructor, 'c', 'a header named like an object property is just a header');
     assert.equal(headers['sec-websocket-extensions'], undefined, 'no compression offered upstream');
     const got: string[] = [];
     const all = new Promise<void>((resolve) => {

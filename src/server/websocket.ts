@@ -165,7 +165,8 @@ export class WebSocketTunnels {
     }
     const keyHeader = route.spec.keyHeader;
     const key = keyHeader === null ? '' : req.getHeader(keyHeader);
-    const headers: Record<string, string> = {};
+    // No prototype: a header named `constructor` or `__proto__` is just a header.
+    const headers = Object.create(null) as Record<string, string>;
     req.forEach((name, value) => {
       if (DROPPED_REQUEST_HEADERS.has(name) || HANDSHAKE_HEADERS.has(name) || name === tickets?.header) return;
       // Two field lines are one list; cookies are joined as one cookie line (RFC 9113 8.2.3).
