@@ -249,9 +249,10 @@ export function helpText(): string {
   const lines = [
     'Usage: lakefront [options]',
     '',
-    'A multi-threaded HTTP front door: routes /rpc/* by x-lakefront-board with weighted',
-    'rendezvous hashing, hedges reads at each node\'s own p95, sends bare writes exactly once;',
-    'routes etcd\'s /v3/* by operation type (writes to the leader, reads over healthy members).',
+    'A multi-threaded HTTP and WebSocket front door: routes /rpc/* by x-lakefront-board with',
+    'weighted rendezvous hashing (or a consistent-hash ring), hedges reads at each node\'s own p95,',
+    'sends bare writes exactly once; routes etcd\'s /v3/* by operation type (writes to the leader,',
+    'reads over healthy members). Affinity tickets and more routes: --config (see the README).',
     '',
     'Options (flags override the environment variable in brackets):',
   ];
