@@ -71,7 +71,7 @@ describe('affinity tickets', () => {
       [`${good}!`, 'malformed'],
       [`${version}.${payload}.${signature!.slice(0, 10)}$$${signature!.slice(10)}`, 'malformed'],
       [`${version}.${payload}.${signature!.slice(0, 42)}${spare}`, 'malformed'],
-      [`${version}.${'A'.repeat(401)}.${signature}`, 'malformed'],
+      [`${version}.${'A'.repeat(1401)}.${signature}`, 'malformed'],
     );
     for (const [ticket, reason] of cases) assert.deepEqual(book.check(ticket), { refused: reason }, ticket);
     assert.equal((book.check(good) as { node: string }).node, 'node-a');
@@ -119,6 +119,10 @@ describe('affinity tickets', () => {
       assert.throws(() => withAffinity({ app: 'x', header: 'x-session' }, 'x-session'), /affinity\.header: "x-session" is the route's key header/);
       assert.throws(() => withAffinity('yes'), /routes\[0\]\.affinity: must be \{ app, header\?, ttlSeconds\?, generation\? \}, got "yes"/);
       assert.throws(() => withAffinity({ app: 'x', ttlSeconds: 0 }), /affinity\.ttlSeconds/);
+      assert.throws(() => withAffinity({ app: 'x'.repeat(129) }), /affinity\.app: must be 1-128 characters, got 129/);
+      // A node id too long for a ticket would make every ticket unverifiable: refused up front.
+      writeFileSync(path, JSON.stringify({ clusters: [{ name: 'c', nodes: [{ id: 'n'.repeat(1100), url: 'http://127.0.0.1:1' }] }], routes: [{ path: '/live/*', cluster: 'c', policy: 'round_robin', keyHeader: null, affinity: { app: 'x' } }] }));
+      assert.throws(() => parseCommand(['--config', path], { LAKEFRONT_AFFINITY_KEYS: KEY_A }), /routes\[0\]\.affinity: node id "n{40}\.\.\." is too long to name in a ticket/);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -119,6 +119,9 @@ describe('etcd behind Lakefront', () => {
       const write = await call(`${door.url}/v3/kv/put`, { method: 'POST', body: JSON.stringify({ key: b64('sticky'), value: b64('v') }), headers: pinned });
       assert.equal(write.status, 200);
       assert.equal(write.headers['x-lakefront-served-by'], leader, 'the write still goes to the leader');
+      assert.equal(write.headers['x-lakefront-affinity'], undefined, 'and the client keeps its ticket');
+      const after = await call(`${door.url}/v3/kv/range`, { method: 'POST', body: JSON.stringify({ key: b64('sticky') }), headers: pinned });
+      assert.equal(after.headers['x-lakefront-served-by'], follower, 'its reads stay on the follower');
     } finally {
       await door.stop();
     }

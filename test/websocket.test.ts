@@ -397,5 +397,15 @@ describe('WebSocket tunnels with affinity tickets', () => {
     assert.equal(withApp.protocol, 'chat.v2', "the node's own choice wins");
     assert.equal(nodes.find((n) => n.id === placed.node)!.handshakes.at(-1)!['sec-websocket-protocol'], 'chat.v2');
     assert.equal((await visit([], { 'x-lakefront-affinity': placed.ticket })).node, placed.node, 'or as a header');
+    // A node's refusal is relayed, but not a ticket header of its own.
+    for (const n of nodes) n.refuseWith = 403;
+    try {
+      const refused = await refusal(connect(door.url, null));
+      assert.equal(refused.status, 403);
+      assert.equal(refused.headers['x-node'] !== undefined, true);
+      assert.equal(refused.headers['x-lakefront-affinity'], undefined);
+    } finally {
+      for (const n of nodes) n.refuseWith = 0;
+    }
   });
 });

@@ -18,7 +18,7 @@
  *
  * Every bad value is a ConfigError naming its place, e.g. `routes[1].policy: unknown policy "x"`.
  */
-import { DEFAULT_AFFINITY_HEADER, DEFAULT_TICKET_TTL_SECONDS, type AffinitySettings } from '../affinity/tickets.js';
+import { DEFAULT_AFFINITY_HEADER, DEFAULT_TICKET_TTL_SECONDS, ticketFits, type AffinitySettings } from '../affinity/tickets.js';
 import { DROPPED_REQUEST_HEADERS, HEDGED_HEADER, IDEMPOTENT_HEADER, SERVED_BY_HEADER } from '../contract.js';
 import { ConfigError } from '../errors.js';
 import { validateMembers, type MemberConfig } from '../membership/membership.js';
@@ -99,7 +99,7 @@ function operations(value: unknown, where: string, base: OperationRules | null):
   known(value, ['reads', 'writes', 'unsupported', 'otherwise'], where);
   const list = (key: 'reads' | 'writes' | 'unsupported'): readonly string[] => {
     const v: unknown = value[key] ?? base?.[key] ?? [];
-    if (!Array.isArray(v) || v.some((p) => typeof p !== 'string' || !p.startsWith('/'))) fail(`${where}.${key}`, 'must be a list of paths starting with /');
+    if (!Array.isArray(v) || v.some((p) => typeof p !== 'string' || !/^\/[^*]*\*?$/.test(p))) fail(`${where}.${key}`, `must be a list of paths starting with / (exact, or a prefix ending in *), got ${JSON.stringify(v)}`);
     return v as string[];
   };
   const otherwise = value.otherwise ?? base?.otherwise ?? 'write';
@@ -113,11 +113,11 @@ const RESERVED_TICKET_HEADERS: ReadonlySet<string> = new Set(['authorization', '
  * A route's `affinity` (seed 004): `{ app, header?, ttlSeconds?, generation? }`. The signing keys
  * never come from the file: the caller adds them from the environment (LAKEFRONT_AFFINITY_KEYS).
  */
-function affinity(value: unknown, where: string, keyHeader: string | null): AffinitySettings {
+function affinity(value: unknown, where: string, keyHeader: string | null, members: readonly MemberConfig[]): AffinitySettings {
   if (!isObject(value)) fail(where, `must be { app, header?, ttlSeconds?, generation? }, got ${JSON.stringify(value)}`);
   known(value, ['app', 'header', 'ttlSeconds', 'generation'], where);
   const app = str(value, 'app', where, true);
-  if (app === '') fail(`${where}.app`, 'must not be empty');
+  if (app === '' || app.length > 128) fail(`${where}.app`, `must be 1-128 characters, got ${app.length}`);
   const header = (str(value, 'header', where) ?? DEFAULT_AFFINITY_HEADER).toLowerCase();
   if (!/^[!#$%&'*+.^_`|~0-9a-z-]+$/.test(header) || DROPPED_REQUEST_HEADERS.has(header)) fail(`${where}.header`, `not a usable header name: ${JSON.stringify(header)}`);
   // The ticket header is taken off every request: it must not be one the nodes or the front door
@@ -129,6 +129,8 @@ function affinity(value: unknown, where: string, keyHeader: string | null): Affi
   const generation = num(value, 'generation', where, 0, Number.MAX_SAFE_INTEGER) ?? 0;
   if (!Number.isInteger(ttlSeconds)) fail(`${where}.ttlSeconds`, `must be a whole number, got ${ttlSeconds}`);
   if (!Number.isInteger(generation)) fail(`${where}.generation`, `must be a whole number, got ${generation}`);
+  const long = members.find((m) => !ticketFits(app, m.id, generation));
+  if (long) fail(`${where}`, `node id "${long.id.slice(0, 40)}..." is too long to name in a ticket`);
   return { app, header, ttlSeconds, generation, keys: [] };
 }
 
@@ -214,7 +216,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
       operations: r.operations !== undefined ? operations(r.operations, `${where}.operations`, base.operations ?? null) : (base.operations ?? null),
       hedge: bool(r, 'hedge', where) ?? base.hedge ?? true,
       failoverUnsent: bool(r, 'failoverUnsent', where) ?? base.failoverUnsent ?? false,
-      affinity: r.affinity !== undefined && r.affinity !== null ? affinity(r.affinity, `${where}.affinity`, keyHeader) : null,
+      affinity: r.affinity !== undefined && r.affinity !== null ? affinity(r.affinity, `${where}.affinity`, keyHeader, clusters.find((c) => c.name === cluster)!.members) : null,
     };
   });
   const paths = new Set<string>();

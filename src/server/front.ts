@@ -66,6 +66,8 @@ class ProxyRequest implements ProxiedRequest {
   readonly upstream: UpstreamRequest;
   private chunks: Buffer[] | null = null;
   private received = 0;
+  /** A hybrid route's write with a valid ticket: served by the leader, the ticket stays as it is. */
+  private ticketKept = false;
   /** The body passed the limit: the rest is being read and dropped. */
   private overflowed = false;
 
@@ -144,8 +146,9 @@ class ProxyRequest implements ProxiedRequest {
     exchange.op = this.op;
     // A policy ranks every routable node; the exchange holds at most MAX_CANDIDATES of them.
     exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates), exchange.candidates.length);
-    // On a hybrid route writes belong to the leader, ticket or not.
-    if (this.pinned >= 0 && (this.op === OP_READ || this.route.spec.policy !== 'hybrid')) {
+    // On a hybrid route writes belong to the leader, ticket or not; the client keeps its ticket.
+    if (this.pinned >= 0 && this.op !== OP_READ && this.route.spec.policy === 'hybrid') this.ticketKept = true;
+    else if (this.pinned >= 0) {
       const count = pinFirst(exchange.candidates, exchange.count, this.pinned, runtime.view.weights[this.pinned]! > 0);
       if (count < 0) this.pinned = -1;
       else {
@@ -192,7 +195,7 @@ class ProxyRequest implements ProxiedRequest {
     // Placed anew (no valid ticket, or its node could not be used), or a ticket past half its
     // life: a fresh ticket for where it landed. A node's own header of that name is not relayed.
     const tickets = this.route.tickets;
-    if (tickets !== null && (exchange.servedBy !== this.pinned || this.renewTicket)) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!));
+    if (tickets !== null && !this.ticketKept && (exchange.servedBy !== this.pinned || this.renewTicket)) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!));
     const own = runtime.answerLines[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
     const declaredLength = writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead, tickets === null ? null : tickets.header);
     // uWS writes its own content-length; for HEAD it must be the node's (left out, uWS would

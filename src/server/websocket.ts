@@ -287,7 +287,7 @@ export class WebSocketTunnels {
           this.pending.delete(shutDown);
           if (size > MAX_RELAYED_BODY) {
             host.refuse(res, 502, errorBody(`the node refused the WebSocket with a ${status} whose body is over ${MAX_RELAYED_BODY} bytes, too large to relay`, ErrorCodes.ALL_CANDIDATES_FAILED), false);
-          } else this.relayRefusal(res, status, response, Buffer.concat(chunks), runtime.ids[node]!);
+          } else this.relayRefusal(res, status, response, Buffer.concat(chunks), runtime.ids[node]!, tickets === null ? null : tickets.header);
         });
       });
       // Before the handshake completed; after it, 'close' ends the tunnel.
@@ -329,13 +329,13 @@ export class WebSocketTunnels {
   }
 
   /** A node's answer other than 101, relayed (hop-by-hop and uWS's own headers dropped). */
-  private relayRefusal(res: HttpResponse, status: number, response: IncomingMessage, body: Buffer, servedBy: string): void {
+  private relayRefusal(res: HttpResponse, status: number, response: IncomingMessage, body: Buffer, servedBy: string, ticketHeader: string | null): void {
     res.cork(() => {
       res.writeStatus(statusBytes(status));
       const raw = response.rawHeaders;
       for (let i = 0; i + 1 < raw.length; i += 2) {
         const name = raw[i]!.toLowerCase();
-        if (name === 'date' || name === 'content-length' || name === SERVED_BY_HEADER || DROPPED_REQUEST_HEADERS.has(name)) continue;
+        if (name === 'date' || name === 'content-length' || name === SERVED_BY_HEADER || name === ticketHeader || DROPPED_REQUEST_HEADERS.has(name)) continue;
         res.writeHeader(name, raw[i + 1]!);
       }
       res.writeHeader(SERVED_BY_HEADER, servedBy);
