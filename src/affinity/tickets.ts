@@ -42,12 +42,13 @@ const VERSION = 'v1.';
  * before decoding: Node's base64url decoder skips stray characters and spare bits, so without it
  * endless spellings of one ticket would verify (and each take a place in the cache).
  */
-const SHAPE = /^v1\.[A-Za-z0-9_-]{1,1400}\.[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$/;
+const MAX_PAYLOAD_CHARS = 1400;
+const SHAPE = new RegExp(`^v1\\.[A-Za-z0-9_-]{1,${MAX_PAYLOAD_CHARS}}\\.[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$`);
 
 /** Whether tickets for `node` fit the shape (the app name and node id set the payload's size). */
 export function ticketFits(app: string, node: string, generation: number): boolean {
   const payload = JSON.stringify({ a: app, n: node, iat: 9_999_999_999, exp: 9_999_999_999, g: generation });
-  return Math.ceil((Buffer.byteLength(payload) * 4) / 3) <= 1400;
+  return Math.ceil((Buffer.byteLength(payload) * 4) / 3) <= MAX_PAYLOAD_CHARS;
 }
 /** Verified tickets kept per thread (a client sends the same one again and again). */
 const CACHE_LIMIT = 10_000;

@@ -99,13 +99,18 @@ function operations(value: unknown, where: string, base: OperationRules | null):
   known(value, ['reads', 'writes', 'unsupported', 'otherwise'], where);
   const list = (key: 'reads' | 'writes' | 'unsupported'): readonly string[] => {
     const v: unknown = value[key] ?? base?.[key] ?? [];
-    if (!Array.isArray(v) || v.some((p) => typeof p !== 'string' || !/^\/[^*]*\*?$/.test(p))) fail(`${where}.${key}`, `must be a list of paths starting with / (exact, or a prefix ending in *), got ${JSON.stringify(v)}`);
+    if (!Array.isArray(v) || v.some((p) => typeof p !== 'string' || !PATH_PATTERN.test(p))) fail(`${where}.${key}`, `must be a list of paths starting with / (exact, or a prefix ending in *), got ${JSON.stringify(v)}`);
     return v as string[];
   };
   const otherwise = value.otherwise ?? base?.otherwise ?? 'write';
   if (otherwise !== 'read' && otherwise !== 'write') fail(`${where}.otherwise`, `must be "read" or "write", got ${JSON.stringify(otherwise)}`);
   return { reads: list('reads'), writes: list('writes'), unsupported: list('unsupported'), otherwise };
 }
+
+/** A header name (an RFC 9110 token, lower case). */
+const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9a-z-]+$/;
+/** A route or operation path: exact, or a prefix ending in `*`. */
+const PATH_PATTERN = /^\/[^*]*\*?$/;
 
 const RESERVED_TICKET_HEADERS: ReadonlySet<string> = new Set(['authorization', 'cookie', 'set-cookie', SERVED_BY_HEADER, HEDGED_HEADER, IDEMPOTENT_HEADER]);
 
@@ -119,7 +124,7 @@ function affinity(value: unknown, where: string, keyHeader: string | null, membe
   const app = str(value, 'app', where, true);
   if (app === '' || app.length > 128) fail(`${where}.app`, `must be 1-128 characters, got ${app.length}`);
   const header = (str(value, 'header', where) ?? DEFAULT_AFFINITY_HEADER).toLowerCase();
-  if (!/^[!#$%&'*+.^_`|~0-9a-z-]+$/.test(header) || DROPPED_REQUEST_HEADERS.has(header)) fail(`${where}.header`, `not a usable header name: ${JSON.stringify(header)}`);
+  if (!HEADER_NAME.test(header) || DROPPED_REQUEST_HEADERS.has(header)) fail(`${where}.header`, `not a usable header name: ${JSON.stringify(header)}`);
   // The ticket header is taken off every request: it must not be one the nodes or the front door
   // need (authorization and cookies are forwarded untouched).
   if (RESERVED_TICKET_HEADERS.has(header) || header.startsWith('sec-websocket-') || header === keyHeader) {
@@ -190,9 +195,10 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     if (!isObject(r)) fail(where, 'must be an object');
     known(r, ['path', 'cluster', 'policy', 'keyHeader', 'preset', 'operations', 'hedge', 'failoverUnsent', 'affinity'], where);
     const path = str(r, 'path', where, true);
-    if (!/^\/[^*]*\*?$/.test(path)) fail(`${where}.path`, `must start with / and may end in *, got ${JSON.stringify(path)}`);
+    if (!PATH_PATTERN.test(path)) fail(`${where}.path`, `must start with / and may end in *, got ${JSON.stringify(path)}`);
     const cluster = str(r, 'cluster', where, true);
-    if (!clusters.some((c) => c.name === cluster)) fail(`${where}.cluster`, `unknown cluster "${cluster}"`);
+    const clusterConfig = clusters.find((c) => c.name === cluster);
+    if (clusterConfig === undefined) fail(`${where}.cluster`, `unknown cluster "${cluster}"`);
     const preset = str(r, 'preset', where) ?? presets.get(cluster);
     if (preset !== undefined && preset !== 'etcd') fail(`${where}.preset`, `unknown preset "${preset}" (known: etcd)`);
     const policy = (str(r, 'policy', where) ?? (preset === 'etcd' ? 'hybrid' : 'rendezvous')) as PolicyName;
@@ -200,12 +206,12 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     // hybrid pins writes to the leader the cluster's probe finds: with no probe it would send
     // every write round robin, followers included, and say nothing. (round_robin and boltzmann
     // never read the leader.)
-    if (policy === 'hybrid' && clusters.find((c) => c.name === cluster)!.leader === null) {
+    if (policy === 'hybrid' && clusterConfig.leader === null) {
       fail(`${where}.policy`, `"hybrid" pins writes to the leader, and cluster "${cluster}" does not probe for one (set "leader": "etcd" on it, or use round_robin or boltzmann)`);
     }
     const base: RouteConfig = preset === 'etcd' ? etcdPreset(cluster, [], policy, path).route : { pattern: path, cluster, policy, keyHeader: null };
     const keyHeader = r.keyHeader === null ? null : (str(r, 'keyHeader', where)?.toLowerCase() ?? base.keyHeader);
-    if (keyHeader !== null && !/^[!#$%&'*+.^_`|~0-9a-z-]+$/.test(keyHeader)) fail(`${where}.keyHeader`, `not a header name: ${JSON.stringify(keyHeader)}`);
+    if (keyHeader !== null && !HEADER_NAME.test(keyHeader)) fail(`${where}.keyHeader`, `not a header name: ${JSON.stringify(keyHeader)}`);
     if (keyHeader !== null && DROPPED_REQUEST_HEADERS.has(keyHeader)) {
       fail(`${where}.keyHeader`, `"${keyHeader}" is a hop-by-hop or framing header, not a routing key`);
     }
@@ -216,7 +222,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
       operations: r.operations !== undefined ? operations(r.operations, `${where}.operations`, base.operations ?? null) : (base.operations ?? null),
       hedge: bool(r, 'hedge', where) ?? base.hedge ?? true,
       failoverUnsent: bool(r, 'failoverUnsent', where) ?? base.failoverUnsent ?? false,
-      affinity: r.affinity !== undefined && r.affinity !== null ? affinity(r.affinity, `${where}.affinity`, keyHeader, clusters.find((c) => c.name === cluster)!.members) : null,
+      affinity: r.affinity !== undefined && r.affinity !== null ? affinity(r.affinity, `${where}.affinity`, keyHeader, clusterConfig.members) : null,
     };
   });
   const paths = new Set<string>();

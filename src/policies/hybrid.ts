@@ -21,6 +21,7 @@ const FAILURE_PENALTY_MS = 100;
 
 export class HybridPolicy implements Policy {
   readonly name = 'hybrid';
+  readonly leaderWrites = true;
   private nodes: number[] = [];
   private pool: number[] = [];
   private ejected: number[] = [];

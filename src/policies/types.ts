@@ -26,6 +26,8 @@ export interface Policy {
   pick(key: string, op: number, out: Int32Array): number;
   /** Feedback after an attempt ends (latency in milliseconds; on failure, time until it failed). */
   observe?(node: number, latencyMs: number, ok: boolean, op: number): void;
+  /** Writes go to the published leader: an affinity ticket must not move them elsewhere. */
+  readonly leaderWrites?: boolean;
   /** A write to the published leader could not connect: stop pinning writes to it until the next update. */
   leaderUnreachable?(node: number): void;
 }

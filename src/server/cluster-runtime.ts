@@ -53,6 +53,7 @@ const REFUSED_REPORT_GAP_MS = 500;
 export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   readonly name: string;
   readonly ids: readonly string[];
+  private readonly indexById: ReadonlyMap<string, number>;
   /** Served-by and hedged lines per node, pre-encoded: see relay.ts `answerLines`. */
   readonly answerLines: Buffer[];
   /** Global node index (membership-table row) per cluster-local index. */
@@ -81,6 +82,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   ) {
     this.name = spec.name;
     this.ids = spec.nodes.map((g) => nodes[g]!.id);
+    this.indexById = new Map(this.ids.map((id, i) => [id, i]));
     this.answerLines = answerLines(this.ids);
     this.globalIndex = Int32Array.from(spec.nodes);
     const transportOptions = {
@@ -110,6 +112,11 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
 
   get size(): number {
     return this.ids.length;
+  }
+
+  /** The cluster index of the node with this id, or -1 (ids are fixed at start-up). */
+  indexOf(id: string): number {
+    return this.indexById.get(id) ?? -1;
   }
 
   /** The policy instance for `name`, one per runtime so routes sharing a policy share its state. */

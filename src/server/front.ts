@@ -146,8 +146,8 @@ class ProxyRequest implements ProxiedRequest {
     exchange.op = this.op;
     // A policy ranks every routable node; the exchange holds at most MAX_CANDIDATES of them.
     exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates), exchange.candidates.length);
-    // On a hybrid route writes belong to the leader, ticket or not; the client keeps its ticket.
-    if (this.pinned >= 0 && this.op !== OP_READ && this.route.spec.policy === 'hybrid') this.ticketKept = true;
+    // Where writes belong to the leader (hybrid), a ticket does not move them; the client keeps it.
+    if (this.pinned >= 0 && this.op !== OP_READ && this.route.policy.leaderWrites === true) this.ticketKept = true;
     else if (this.pinned >= 0) {
       const count = pinFirst(exchange.candidates, exchange.count, this.pinned, runtime.view.weights[this.pinned]! > 0);
       if (count < 0) this.pinned = -1;
@@ -617,7 +617,7 @@ export class WorkerFront implements TunnelHost {
     if (tickets !== null && scan.ticket !== '') {
       const checked = tickets.check(scan.ticket);
       if ('node' in checked) {
-        pinned = route.runtime.ids.indexOf(checked.node);
+        pinned = route.runtime.indexOf(checked.node);
         renew = tickets.wearing(checked.expiresAt);
       }
     }

@@ -28,7 +28,7 @@ import type { IncomingMessage } from 'node:http';
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
 import type WebSocket from 'ws';
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
-import { MAX_CANDIDATES } from '../forward/exchange.js';
+import { MAX_CANDIDATES, isGatewayFailure } from '../forward/exchange.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
 import { pinFirst, type Policy } from '../policies/types.js';
@@ -103,7 +103,12 @@ export class WebSocketTunnels {
   /** Handshakes waiting for a node: each answers 503 when called (drain). */
   private readonly pending = new Set<() => void>();
 
-  constructor(private readonly host: TunnelHost) {}
+  /** Per node (global index): its `ws:`/`wss:` origin, worked out once. */
+  private readonly origins: readonly string[];
+
+  constructor(private readonly host: TunnelHost) {
+    this.origins = host.nodes.map((node) => new URL(node.url).origin.replace(/^http/, 'ws'));
+  }
 
   /** Takes WebSocket handshakes on every proxied route; other requests fall through to `any`. */
   mount(app: TemplatedApp, routes: readonly TunnelRoute[]): void {
@@ -204,7 +209,7 @@ export class WebSocketTunnels {
     if (tickets !== null && ticket !== '') {
       const checked = tickets.check(ticket);
       if ('node' in checked) {
-        const node = runtime.ids.indexOf(checked.node);
+        const node = runtime.indexOf(checked.node);
         pinFirst(ranking, count, node, node >= 0 && runtime.view.weights[node]! > 0);
       }
     }
@@ -231,8 +236,7 @@ export class WebSocketTunnels {
       const g = runtime.globalIndex[node]!;
       host.slot.bumpNode(g, N_ATTEMPTS);
       // The node's origin and the path as the client sent it (no URL resolution).
-      const origin = new URL(host.nodes[g]!.url).origin.replace(/^http/, 'ws');
-      const upstream = new WsClient!(origin + path, {
+      const upstream = new WsClient!(this.origins[g]! + path, {
         headers,
         perMessageDeflate: false,
         handshakeTimeout: host.handshakeTimeoutMs,
@@ -268,7 +272,7 @@ export class WebSocketTunnels {
       upstream.on('unexpected-response', (_request, response: IncomingMessage) => {
         const status = response.statusCode ?? 502;
         // A node that cannot serve now: the next one may.
-        if (status === 502 || status === 503 || status === 504) {
+        if (isGatewayFailure(status)) {
           response.resume();
           failed();
           return;
@@ -414,15 +418,10 @@ export class WebSocketTunnels {
   private clientClosed(tunnel: Tunnel, code: number, message: ArrayBuffer): void {
     tunnel.clientClosed = true;
     tunnel.client = null;
-    if (code === 1006) {
-      tunnel.upstreamClosed = true;
-      this.forget(tunnel);
-      tunnel.upstream.terminate();
-      return;
-    }
     this.closeUpstream(tunnel, code, Buffer.copyBytesFrom(new Uint8Array(message)));
   }
 
+  /** Closes the node's side with `code` (1006: cut; a code that cannot be sent: no code). */
   private closeUpstream(tunnel: Tunnel, code: number, reason: string | Buffer): void {
     if (tunnel.upstreamClosed) return;
     tunnel.upstreamClosed = true;
@@ -431,7 +430,7 @@ export class WebSocketTunnels {
     // Paused (the client was behind), the node's answering close frame would never be read
     // and `ws` would hold the connection for its 30 s close timeout.
     if (upstream.isPaused) upstream.resume();
-    if (upstream.readyState !== OPEN) upstream.terminate();
+    if (upstream.readyState !== OPEN || code === 1006) upstream.terminate();
     else if (sendable(code)) upstream.close(code, reason);
     else upstream.close();
   }
