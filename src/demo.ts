@@ -1,13 +1,14 @@
 /**
  * The embedded demo cluster: three local nodes that answer `/health` and `/rpc/*`, each naming
- * itself, and echo WebSocket messages on `/rpc/*`, so `lakefront` with no configuration is a
- * working front door out of the box.
+ * itself, echo WebSocket messages on `/rpc/*`, and keep replicated values on `/kv/*` (the
+ * reference replica), so `lakefront` with no configuration is a working front door out of the box.
  */
 import { Buffer } from 'node:buffer';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { WebSocketServer } from 'ws';
 import type { MemberConfig } from './membership/membership.js';
+import { ReplicaStore } from './replication/store.js';
 
 export interface DemoCluster {
   readonly members: MemberConfig[];
@@ -15,6 +16,7 @@ export interface DemoCluster {
 }
 
 function demoNode(id: string): { server: Server; sockets: WebSocketServer } {
+  const store = new ReplicaStore();
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -32,6 +34,11 @@ function demoNode(id: string): { server: Server; sockets: WebSocketServer } {
           bytes: Buffer.concat(chunks).length,
         };
         res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+        return;
+      }
+      if (req.url?.startsWith('/kv/')) {
+        const answer = store.handle(req.method!, req.url, req.headers, Buffer.concat(chunks));
+        res.writeHead(answer.status, { ...answer.headers, 'x-demo-node': id }).end(answer.body);
         return;
       }
       res.writeHead(404, { 'content-type': 'application/json' }).end(JSON.stringify({ error: 'not found', node: id }));

@@ -34,6 +34,12 @@ export const ErrorCodes = {
   BAD_REQUEST: 'LF_ERR_BAD_REQUEST',
   UNSUPPORTED: 'LF_ERR_UNSUPPORTED',
   SHUTTING_DOWN: 'LF_ERR_SHUTTING_DOWN',
+  /** A replicated request whose reachable replicas could not make its quorum: nothing was sent. */
+  QUORUM_UNAVAILABLE: 'LF_ERR_QUORUM_UNAVAILABLE',
+  /** A replicated request sent to its replicas that too few acknowledged or answered. */
+  QUORUM_FAILED: 'LF_ERR_QUORUM_FAILED',
+  /** A method a route does not carry (405). */
+  METHOD_NOT_ALLOWED: 'LF_ERR_METHOD_NOT_ALLOWED',
 } as const;
 
 /** The JSON body of an answer the front door makes itself: `{ error, code, ...extra }`. */

@@ -120,6 +120,14 @@ describe('lakefront command: running', () => {
       assert.deepEqual(JSON.parse(echo.toString()), { node: served, echo: 'hi' }, 'the board\'s node, as for HTTP');
       ws.close(1000);
       await once(ws, 'close');
+      // And replicated values on /kv/*: written to two of three replicas at least, read back.
+      const put = await call(`${url}/kv/greeting`, { method: 'PUT', body: 'hello', headers: { 'content-type': 'text/plain' } });
+      assert.equal(put.status, 204);
+      assert.equal(put.headers['x-lakefront-acks'], '2/2');
+      const got = await call(`${url}/kv/greeting`);
+      assert.equal(got.text, 'hello');
+      assert.equal(got.headers['content-type'], 'text/plain');
+      assert.equal(got.headers['x-lakefront-version'], put.headers['x-lakefront-version']);
     } finally {
       run.child.kill('SIGTERM');
       assert.equal(await exitOf(run), 0);

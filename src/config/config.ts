@@ -17,6 +17,7 @@ import {
   DEFAULT_HEALTH_TIMEOUT_MS,
   DEFAULT_HOST,
   RPC_ROUTE,
+  DEMO_KV_ROUTE,
   defaultSettings,
   defaultThreads,
 } from '../server/settings.js';
@@ -198,6 +199,8 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   if (demo || nodesRaw) {
     clusters.push({ name: DEFAULT_CLUSTER, members: nodesRaw ? parseNodes(nodesRaw[0], nodesRaw[1]) : [] });
     routes.push(rpcPolicyRaw ? { ...RPC_ROUTE, policy: oneOf(rpcPolicyRaw[0], rpcPolicyRaw[1], RPC_POLICIES) } : RPC_ROUTE);
+    // The demo's nodes also keep replicated values (the reference replica, replication/store.ts).
+    if (demo) routes.push(DEMO_KV_ROUTE);
   }
   const policyRaw = read('etcd-policy');
   if (policyRaw && !etcdRaw) throw new ConfigError(`${policyRaw[1]}: applies to --etcd members, and none are given`);
@@ -227,6 +230,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     threads: int('threads', file?.threads ?? defaultThreads(), 1, 256),
     clusters,
     routes,
+    ...(file?.region !== undefined ? { region: file.region } : {}),
     healthIntervalMs: int('health-interval-ms', DEFAULT_HEALTH_INTERVAL_MS, 10, 3_600_000),
     healthTimeoutMs: int('health-timeout-ms', DEFAULT_HEALTH_TIMEOUT_MS, 1, 60_000),
     settings: defaultSettings({

@@ -25,11 +25,14 @@ import { validateMembers, type MemberConfig } from '../membership/membership.js'
 import { POLICY_NAMES, type OperationRules, type PolicyName, type PolicySettings } from '../server/protocol.js';
 import type { ClusterConfig, RouteConfig } from '../server/supervisor.js';
 import { ETCD_HEALTH_PATH, ETCD_OPERATIONS, etcdPreset } from './presets.js';
+import { CONSISTENCY_LEVELS, DEFAULT_HINT_WINDOW_MS, DEFAULT_MAX_HINT_BYTES, majority, type Consistency, type QuorumSettings } from '../replication/quorum.js';
 
 export interface FileConfig {
   readonly port?: number;
   readonly host?: string;
   readonly threads?: number;
+  /** The front door's own region (local_quorum). */
+  readonly region?: string;
   readonly clusters: ClusterConfig[];
   readonly routes: RouteConfig[];
 }
@@ -83,8 +86,9 @@ function members(value: unknown, where: string): MemberConfig[] {
   if (!Array.isArray(value)) fail(where, 'must be "id=url,..." or a list of { id, url }');
   return validateMembers(
     value.map((m, i) => {
-      if (!isObject(m)) fail(`${where}[${i}]`, 'must be { id, url }');
-      return { id: m.id as string, url: m.url as string };
+      if (!isObject(m)) fail(`${where}[${i}]`, 'must be { id, url, region? }');
+      known(m, ['id', 'url', 'region'], `${where}[${i}]`);
+      return { id: m.id as string, url: m.url as string, ...(m.region !== undefined ? { region: m.region as string } : {}) };
     }),
     where,
   );
@@ -139,10 +143,53 @@ function affinity(value: unknown, where: string, keyHeader: string | null, membe
   return { app, header, ttlSeconds, generation, keys: [] };
 }
 
+/**
+ * A replicated route's `quorum` (seed 003): `{ n?, w?, r?, consistency?, sloppy?,
+ * hintWindowSeconds?, maxHintBytes? }`. w + r must exceed n, so every read quorum meets the
+ * latest write quorum.
+ */
+function quorum(value: unknown, where: string, cluster: ClusterConfig, region: string | undefined): QuorumSettings {
+  if (!isObject(value)) fail(where, `must be { n?, w?, r?, consistency?, sloppy?, hintWindowSeconds?, maxHintBytes? }, got ${JSON.stringify(value)}`);
+  known(value, ['n', 'w', 'r', 'consistency', 'sloppy', 'hintWindowSeconds', 'maxHintBytes'], where);
+  const size = cluster.members.length;
+  const whole = (key: string, min: number, max: number): number | undefined => {
+    const v = num(value, key, where, min, max);
+    if (v !== undefined && !Number.isInteger(v)) fail(`${where}.${key}`, `must be a whole number, got ${v}`);
+    return v;
+  };
+  const n = whole('n', 1, 1_000) ?? Math.min(3, size);
+  if (n > size) fail(`${where}.n`, `${n} replicas, and cluster "${cluster.name}" has ${size} node${size === 1 ? '' : 's'}`);
+  const consistency = (value.consistency ?? 'quorum') as Consistency;
+  if (!CONSISTENCY_LEVELS.includes(consistency)) fail(`${where}.consistency`, `unknown level ${JSON.stringify(value.consistency)} (known: ${CONSISTENCY_LEVELS.join(', ')})`);
+  if (consistency !== 'quorum') {
+    for (const key of ['w', 'r']) if (value[key] !== undefined) fail(`${where}.${key}`, `applies to consistency "quorum" only (${consistency} takes majorities per region)`);
+  }
+  const w = whole('w', 1, n) ?? majority(n);
+  const r = whole('r', 1, n) ?? majority(n);
+  if (w + r <= n) fail(where, `w + r must exceed n (${w} + ${r} <= ${n}): a read could miss the latest acknowledged write`);
+  if (consistency === 'local_quorum') {
+    if (region === undefined) fail(`${where}.consistency`, 'local_quorum needs the front door\'s own "region" (top level of the file)');
+    if (!cluster.members.some((m) => m.region === region)) fail(`${where}.consistency`, `local_quorum: no node of cluster "${cluster.name}" is in region "${region}"`);
+  }
+  const hintWindowSeconds = whole('hintWindowSeconds', 1, 7 * 86_400);
+  const maxHintBytes = whole('maxHintBytes', 0, 1024 * 1024 * 1024);
+  return {
+    n,
+    w,
+    r,
+    consistency,
+    sloppy: bool(value, 'sloppy', where) ?? true,
+    hintWindowMs: hintWindowSeconds !== undefined ? hintWindowSeconds * 1000 : DEFAULT_HINT_WINDOW_MS,
+    maxHintBytes: maxHintBytes ?? DEFAULT_MAX_HINT_BYTES,
+  };
+}
+
 /** Validates a parsed configuration file. */
 export function parseFileConfig(raw: unknown, file: string): FileConfig {
   if (!isObject(raw)) fail(file, 'must hold a JSON object');
-  known(raw, ['port', 'host', 'threads', 'clusters', 'routes'], file);
+  known(raw, ['port', 'host', 'threads', 'region', 'clusters', 'routes'], file);
+  const region = str(raw, 'region', file);
+  if (region !== undefined && !/^[A-Za-z0-9._-]{1,64}$/.test(region)) fail(`${file}: region`, `must be 1-64 letters, digits, '.', '_' or '-', got ${JSON.stringify(region)}`);
   const clustersRaw = raw.clusters;
   if (!Array.isArray(clustersRaw) || clustersRaw.length === 0) fail(`${file}: clusters`, 'must be a non-empty list');
   const clusters: ClusterConfig[] = [];
@@ -193,7 +240,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
   const routes: RouteConfig[] = routesRaw.map((r, i) => {
     const where = `${file}: routes[${i}]`;
     if (!isObject(r)) fail(where, 'must be an object');
-    known(r, ['path', 'cluster', 'policy', 'keyHeader', 'preset', 'operations', 'hedge', 'failoverUnsent', 'affinity'], where);
+    known(r, ['path', 'cluster', 'policy', 'keyHeader', 'preset', 'operations', 'hedge', 'failoverUnsent', 'affinity', 'quorum'], where);
     const path = str(r, 'path', where, true);
     if (!PATH_PATTERN.test(path)) fail(`${where}.path`, `must start with / and may end in *, got ${JSON.stringify(path)}`);
     const cluster = str(r, 'cluster', where, true);
@@ -201,7 +248,8 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     if (clusterConfig === undefined) fail(`${where}.cluster`, `unknown cluster "${cluster}"`);
     const preset = str(r, 'preset', where) ?? presets.get(cluster);
     if (preset !== undefined && preset !== 'etcd') fail(`${where}.preset`, `unknown preset "${preset}" (known: etcd)`);
-    const policy = (str(r, 'policy', where) ?? (preset === 'etcd' ? 'hybrid' : 'rendezvous')) as PolicyName;
+    const replicated = r.quorum !== undefined && r.quorum !== null;
+    const policy = (str(r, 'policy', where) ?? (preset === 'etcd' ? 'hybrid' : replicated ? 'ring' : 'rendezvous')) as PolicyName;
     if (!POLICY_NAMES.includes(policy)) fail(`${where}.policy`, `unknown policy "${policy}" (known: ${POLICY_NAMES.join(', ')})`);
     // hybrid pins writes to the leader the cluster's probe finds: with no probe it would send
     // every write round robin, followers included, and say nothing. (round_robin and boltzmann
@@ -215,7 +263,14 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     if (keyHeader !== null && DROPPED_REQUEST_HEADERS.has(keyHeader)) {
       fail(`${where}.keyHeader`, `"${keyHeader}" is a hop-by-hop or framing header, not a routing key`);
     }
-    if ((policy === 'rendezvous' || policy === 'ring') && keyHeader === null) fail(`${where}.keyHeader`, `the ${policy} policy needs a key header`);
+    if (replicated) {
+      // The replicas are the key's preference list on the ring; the path is the key by default.
+      if (policy !== 'ring') fail(`${where}.policy`, `a replicated route places keys on the ring: "ring", not ${JSON.stringify(policy)}`);
+      for (const key of ['operations', 'affinity', 'hedge', 'failoverUnsent', 'preset']) {
+        if (r[key] !== undefined) fail(`${where}.${key}`, 'does not apply to a replicated route (quorum): every request goes to the key\'s replicas');
+      }
+      if (preset !== undefined) fail(`${where}.quorum`, `cluster "${cluster}" is an ${preset} cluster, which replicates by itself`);
+    } else if ((policy === 'rendezvous' || policy === 'ring') && keyHeader === null) fail(`${where}.keyHeader`, `the ${policy} policy needs a key header`);
     return {
       ...base,
       keyHeader,
@@ -223,6 +278,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
       hedge: bool(r, 'hedge', where) ?? base.hedge ?? true,
       failoverUnsent: bool(r, 'failoverUnsent', where) ?? base.failoverUnsent ?? false,
       affinity: r.affinity !== undefined && r.affinity !== null ? affinity(r.affinity, `${where}.affinity`, keyHeader, clusterConfig.members) : null,
+      quorum: replicated ? quorum(r.quorum, `${where}.quorum`, clusterConfig, region) : null,
     };
   });
   const paths = new Set<string>();
@@ -238,6 +294,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     ...(port !== undefined ? { port } : {}),
     ...(threads !== undefined ? { threads } : {}),
     ...(str(raw, 'host', file) !== undefined ? { host: raw.host as string } : {}),
+    ...(region !== undefined ? { region } : {}),
     clusters,
     routes,
   };

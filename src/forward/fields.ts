@@ -83,6 +83,25 @@ export class HeaderFields {
     for (let i = 0; i < n; i++) o[i] = o[i]! - low;
   }
 
+  /** A copy that owns its bytes, for an answer kept past its callback. */
+  clone(): HeaderFields {
+    const copy = new HeaderFields();
+    copy.offsets = this.offsets.slice(0, Math.max(4, this.count * 4));
+    copy.count = this.count;
+    copy.buf = this.buf;
+    copy.own(); // always copies the bytes the fields use
+    return copy;
+  }
+
+  /** The value of the first field named `lower` (latin1), or null. */
+  find(lower: string): string | null {
+    const o = this.offsets;
+    for (let i = 0; i < this.count * 4; i += 4) {
+      if (nameIs(this.buf, o[i]!, o[i + 1]!, lower)) return this.buf.toString('latin1', o[i + 2]!, o[i + 3]!);
+    }
+    return null;
+  }
+
   nameIs(field: number, lower: string): boolean {
     return nameIs(this.buf, this.offsets[field * 4]!, this.offsets[field * 4 + 1]!, lower);
   }

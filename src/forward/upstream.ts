@@ -19,7 +19,7 @@ import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import { Pool } from 'undici';
 import type { Dispatcher } from 'undici';
-import { isGatewayFailure, type AttemptHandle, type Exchange } from './exchange.js';
+import { isGatewayFailure, type AttemptHandle } from './exchange.js';
 import { HeaderFields } from './fields.js';
 import { H1Codes, H1Error, headBlock, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
 
@@ -54,6 +54,20 @@ export class UpstreamRequest implements H1Request {
   }
 }
 
+/**
+ * Whoever an attempt reports to: the exchange (one answer from one of its candidates), or a
+ * replicated route's fan-out and hint handoff (forward/replicas.ts).
+ */
+export interface AttemptSink {
+  /** performance.now() as the attempt was launched: read as the attempt is made. */
+  readonly launchedAt: number;
+  /** Operation class (OP_READ / OP_WRITE), for the observer. */
+  readonly op: number;
+  /** A complete response; `headers` and `body` may view a shared read buffer: copy to keep. */
+  answered(ordinal: number, status: number, headers: unknown, body: Buffer, latencyMs: number): void;
+  failed(ordinal: number, error: unknown): void;
+}
+
 /** Told how each attempt ended, for counters, latency windows and passive health. */
 export interface AttemptObserver {
   /** `latencyMs` is -1 for an attempt we cancelled; `op` is the exchange's operation class. */
@@ -62,7 +76,7 @@ export interface AttemptObserver {
 
 /** One node's connections. */
 export interface NodeTransport {
-  attempt(exchange: Exchange, ordinal: number, node: number, request: UpstreamRequest): AttemptHandle;
+  attempt(exchange: AttemptSink, ordinal: number, node: number, request: UpstreamRequest): AttemptHandle;
   close(graceful: boolean): Promise<void>;
 }
 
@@ -112,7 +126,7 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
 
   constructor(
     private readonly transport: H1Transport,
-    private readonly exchange: Exchange,
+    private readonly exchange: AttemptSink,
     private readonly ordinal: number,
     private readonly node: number,
   ) {
@@ -174,7 +188,7 @@ class H1Transport implements NodeTransport {
     this.pool = agent.pool(url, { connections: options.connections, requestTimeoutMs: options.requestTimeoutMs });
   }
 
-  attempt(exchange: Exchange, ordinal: number, node: number, request: UpstreamRequest): AttemptHandle {
+  attempt(exchange: AttemptSink, ordinal: number, node: number, request: UpstreamRequest): AttemptHandle {
     return new H1Attempt(this, exchange, ordinal, node).start(request);
   }
 
@@ -199,7 +213,7 @@ class DispatchAttempt extends CancellableAttempt {
 
   constructor(
     private readonly transport: UndiciTransport,
-    private readonly exchange: Exchange,
+    private readonly exchange: AttemptSink,
     private readonly ordinal: number,
     private readonly node: number,
   ) {
@@ -320,7 +334,7 @@ class UndiciTransport implements NodeTransport {
     });
   }
 
-  attempt(exchange: Exchange, ordinal: number, node: number, request: UpstreamRequest): AttemptHandle {
+  attempt(exchange: AttemptSink, ordinal: number, node: number, request: UpstreamRequest): AttemptHandle {
     return new DispatchAttempt(this, exchange, ordinal, node).start(request);
   }
 

@@ -14,6 +14,8 @@ import { PollLoop } from './poll.js';
 export interface MemberConfig {
   readonly id: string;
   readonly url: string;
+  /** The node's region, for region-aware quorums on replicated routes. */
+  readonly region?: string;
 }
 
 export interface MembershipOptions {
@@ -58,7 +60,11 @@ export function validateMembers(members: readonly MemberConfig[], what = 'nodes'
     if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.search || url.hash || url.pathname !== '/') {
       throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}" (http(s)://host:port only, no path)`);
     }
-    return { id, url: url.origin };
+    const region = member.region;
+    if (region !== undefined && (typeof region !== 'string' || !/^[A-Za-z0-9._-]{1,64}$/.test(region))) {
+      throw new ConfigError(`${what}: bad region ${JSON.stringify(region)} for node "${id}" (1-64 letters, digits, '.', '_' or '-')`);
+    }
+    return region === undefined ? { id, url: url.origin } : { id, url: url.origin, region };
   });
 }
 
@@ -101,6 +107,15 @@ export class Membership extends EventEmitter {
       const state = this.states.get(config.id)!;
       return { id: config.id, url: config.url, weight: state.healthy ? quantiseWeight(state.capacity) : 0 };
     });
+  }
+
+  /**
+   * A member's weight from its capacity alone, healthy or not: its share of a ring that places
+   * replicas by membership (a replica that is down still owns its keys).
+   */
+  capacityWeight(id: string): number {
+    const state = this.states.get(id);
+    return state === undefined ? 0 : quantiseWeight(state.capacity);
   }
 
   /** Every configured member, healthy or not. */

@@ -28,10 +28,18 @@
  *  6              websockets     WebSocket tunnels open (a gauge: up when the node accepts, down
  *                                when the tunnel ends)
  *  7              reserved
- *  8 + 4n + 0     node n: attempts started
- *  8 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
- *  8 + 4n + 2     node n: attempts in flight (up on start, down on end)
- *  8 + 4n + 3     node n: attempts that won (answered the client)
+ *  8              quorumFailures replicated requests answered 502/503 for want of a quorum
+ *  9              standIns       writes and reads sent to a stand-in for a replica that was down
+ * 10              readRepairs    newer values sent to replicas that answered an older one
+ * 11              hintsPending   hints kept for replicas that were down (a gauge)
+ * 12              hintsDelivered hints their replica acknowledged
+ * 13              hintsExpired   hints dropped unsent after the hint window
+ * 14              hintsRefused   hints their replica refused (4xx) and that were dropped
+ * 15              reserved
+ * 16 + 4n + 0     node n: attempts started
+ * 16 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
+ * 16 + 4n + 2     node n: attempts in flight (up on start, down on end)
+ * 16 + 4n + 3     node n: attempts that won (answered the client)
  * ```
  */
 
@@ -42,7 +50,14 @@ export const C_FAILOVERS = 3;
 export const C_REJECTED = 4;
 export const C_HEDGES_DENIED = 5;
 export const C_WEBSOCKETS = 6;
-const SLOT_HEADER = 8;
+export const C_QUORUM_FAILURES = 8;
+export const C_STAND_INS = 9;
+export const C_READ_REPAIRS = 10;
+export const C_HINTS_PENDING = 11;
+export const C_HINTS_DELIVERED = 12;
+export const C_HINTS_EXPIRED = 13;
+export const C_HINTS_REFUSED = 14;
+const SLOT_HEADER = 16;
 const PER_NODE = 4;
 export const N_ATTEMPTS = 0;
 export const N_FAILURES = 1;
@@ -67,6 +82,13 @@ export interface CounterTotals {
   rejected: number;
   hedgesDenied: number;
   websockets: number;
+  quorumFailures: number;
+  standIns: number;
+  readRepairs: number;
+  hintsPending: number;
+  hintsDelivered: number;
+  hintsExpired: number;
+  hintsRefused: number;
   nodes: { attempts: number; failures: number; inflight: number; wins: number }[];
 }
 
@@ -132,12 +154,13 @@ export class CounterSlot {
   }
 
   /**
-   * Zero the gauges (in-flight attempts, open WebSocket tunnels): used when a replacement takes
-   * over a dead worker's slot, whose connections died with it.
+   * Zero the gauges (in-flight attempts, open WebSocket tunnels, hints kept): used when a
+   * replacement takes over a dead worker's slot, whose connections and hints died with it.
    */
   resetInflight(nodeCount: number): void {
     for (let n = 0; n < nodeCount; n++) Atomics.store(this.lanes, this.base + SLOT_HEADER + PER_NODE * n + N_INFLIGHT, 0n);
     Atomics.store(this.lanes, this.base + C_WEBSOCKETS, 0n);
+    Atomics.store(this.lanes, this.base + C_HINTS_PENDING, 0n);
   }
 }
 
@@ -168,6 +191,13 @@ export function readTotals(buffer: SharedArrayBuffer, slots: number, nodeCount: 
     rejected: sum(C_REJECTED),
     hedgesDenied: sum(C_HEDGES_DENIED),
     websockets: sum(C_WEBSOCKETS),
+    quorumFailures: sum(C_QUORUM_FAILURES),
+    standIns: sum(C_STAND_INS),
+    readRepairs: sum(C_READ_REPAIRS),
+    hintsPending: sum(C_HINTS_PENDING),
+    hintsDelivered: sum(C_HINTS_DELIVERED),
+    hintsExpired: sum(C_HINTS_EXPIRED),
+    hintsRefused: sum(C_HINTS_REFUSED),
     nodes,
   };
 }

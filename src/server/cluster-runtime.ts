@@ -8,9 +8,30 @@ import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDrive
 import { HedgeBudget } from '../forward/budget.js';
 import { SampleWindow } from '../forward/latency.js';
 import type { H1Agent } from '../forward/h1.js';
-import { createTransport, type AttemptObserver, type NodeTransport, type UpstreamRequest } from '../forward/upstream.js';
+import { createTransport, type AttemptObserver, type AttemptSink, type NodeTransport, type UpstreamRequest } from '../forward/upstream.js';
+import { HashRing } from '../hashing/ring.js';
+import type { ReplicaHost } from '../replication/fanout.js';
+import type { HintEvent } from '../replication/hints.js';
+import type { VersionClock } from '../replication/quorum.js';
 import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, type NodeRow } from '../membership/table.js';
-import { C_FAILOVERS, C_HEDGES, C_HEDGES_DENIED, C_HEDGE_WINS, N_ATTEMPTS, N_FAILURES, N_INFLIGHT, N_WINS, type CounterSlot } from '../metrics/counters.js';
+import {
+  C_FAILOVERS,
+  C_HEDGES,
+  C_HEDGES_DENIED,
+  C_HEDGE_WINS,
+  C_HINTS_DELIVERED,
+  C_HINTS_EXPIRED,
+  C_HINTS_PENDING,
+  C_HINTS_REFUSED,
+  C_QUORUM_FAILURES,
+  C_READ_REPAIRS,
+  C_STAND_INS,
+  N_ATTEMPTS,
+  N_FAILURES,
+  N_INFLIGHT,
+  N_WINS,
+  type CounterSlot,
+} from '../metrics/counters.js';
 import type { NodeHistograms } from '../metrics/histograms.js';
 import { BoltzmannPolicy } from '../policies/boltzmann.js';
 import { HybridPolicy } from '../policies/hybrid.js';
@@ -47,10 +68,20 @@ interface MutableView extends ClusterView {
   leader: number;
 }
 
+/** What replicated routes need from the worker around a runtime. */
+export interface ReplicationContext {
+  /** The worker's version clock (one per thread: versions never repeat). */
+  readonly clock: VersionClock;
+  /** The front door's region, or null. */
+  readonly region: string | null;
+  /** Re-read the membership table if it moved (the hint handoff's ticks). */
+  refresh(): void;
+}
+
 /** Minimum gap between two passive "connection refused" reports for one node. */
 const REFUSED_REPORT_GAP_MS = 500;
 
-export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
+export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaHost {
   readonly name: string;
   readonly ids: readonly string[];
   private readonly indexById: ReadonlyMap<string, number>;
@@ -69,6 +100,15 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   private observers: Policy[] = [];
   private readonly policySettings: PolicySettings;
   private readonly lastRefusedAt: Float64Array;
+  /** Region index per node; nodes without a region share one. */
+  readonly regionOf: Int32Array;
+  readonly regionCount: number;
+  readonly localRegion: number;
+  /** Members by capacity, healthy or not (replicated routes): built when first asked for. */
+  private members: HashRing | null = null;
+  private readonly memberWeights: Float64Array;
+  /** Whenever the membership table moves: the replicated routes' hint handoff. */
+  readonly onUpdate: (() => void)[] = [];
 
   constructor(
     spec: ClusterSpec,
@@ -79,6 +119,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
     private readonly onRefused: (globalNode: number) => void,
     agent: H1Agent,
     private readonly onLeaderFailed: (globalNode: number) => void = () => undefined,
+    private readonly replication: ReplicationContext | null = null,
   ) {
     this.name = spec.name;
     this.ids = spec.nodes.map((g) => nodes[g]!.id);
@@ -101,6 +142,11 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
       leader: -1,
     };
     this.policySettings = spec.policySettings;
+    const regions = [...new Set(spec.nodes.map((g) => nodes[g]!.region ?? ''))];
+    this.regionOf = Int32Array.from(spec.nodes, (g) => regions.indexOf(nodes[g]!.region ?? ''));
+    this.regionCount = regions.length;
+    this.localRegion = regions.indexOf(replication?.region ?? '');
+    this.memberWeights = new Float64Array(spec.nodes.length);
     const slotRef = slot;
     this.counters = {
       hedge: () => slotRef.bump(C_HEDGES),
@@ -144,6 +190,66 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
     }
     this.view.leader = leader;
     for (const policy of this.policies.values()) policy.update(this.view);
+    if (this.members !== null) this.members = this.buildMembers(rows);
+    for (let i = 0; i < this.onUpdate.length; i++) this.onUpdate[i]!();
+  }
+
+  private buildMembers(rows: readonly NodeRow[]): HashRing {
+    const weights = this.memberWeights;
+    for (let i = 0; i < this.size; i++) {
+      const row = rows[this.globalIndex[i]!]!;
+      weights[i] = (row.flags & FLAG_ENABLED) !== 0 ? row.weight : 0;
+    }
+    return new HashRing(this.ids, weights);
+  }
+
+  // --- ReplicaHost (replicated routes) ---
+
+  /** Starts the members ring (the first replicated route on this cluster asks). */
+  replicate(rows: readonly NodeRow[]): void {
+    this.members ??= this.buildMembers(rows);
+  }
+
+  membersFor(key: string, out: Int32Array): number {
+    return this.members === null ? 0 : this.members.preferenceInto(key, out);
+  }
+
+  isRoutable(node: number): boolean {
+    return this.view.weights[node]! > 0;
+  }
+
+  get clock(): VersionClock {
+    return this.replication!.clock;
+  }
+
+  refresh(): void {
+    this.replication?.refresh();
+  }
+
+  /** One attempt at `node` for anyone but an exchange (replicated fan-out, hints, repairs). */
+  send(sink: AttemptSink, node: number, ordinal: number, request: UpstreamRequest): AttemptHandle {
+    const g = this.globalIndex[node]!;
+    this.slot.bumpNode(g, N_ATTEMPTS);
+    this.slot.bumpNode(g, N_INFLIGHT);
+    return this.transports[node]!.attempt(sink, ordinal, node, request);
+  }
+
+  /** The node whose answer a replicated request relayed. */
+  won(node: number): void {
+    this.slot.bumpNode(this.globalIndex[node]!, N_WINS);
+  }
+
+  hintCounted(event: HintEvent): void {
+    const slot = this.slot;
+    if (event === 'stored') slot.bump(C_HINTS_PENDING);
+    else {
+      slot.drop(C_HINTS_PENDING);
+      if (event !== 'lost') slot.bump(event === 'delivered' ? C_HINTS_DELIVERED : event === 'expired' ? C_HINTS_EXPIRED : C_HINTS_REFUSED);
+    }
+  }
+
+  replicaCounted(event: 'repair' | 'standIn' | 'failure'): void {
+    this.slot.bump(event === 'repair' ? C_READ_REPAIRS : event === 'standIn' ? C_STAND_INS : C_QUORUM_FAILURES);
   }
 
   // --- ExchangeDriver ---
@@ -174,10 +280,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver {
   }
 
   startAttempt(exchange: Exchange, node: number, ordinal: number): AttemptHandle {
-    const g = this.globalIndex[node]!;
-    this.slot.bumpNode(g, N_ATTEMPTS);
-    this.slot.bumpNode(g, N_INFLIGHT);
-    return this.transports[node]!.attempt(exchange, ordinal, node, (exchange.context as ProxiedRequest).upstream);
+    return this.send(exchange, node, ordinal, (exchange.context as ProxiedRequest).upstream);
   }
 
   settle(exchange: Exchange): void {

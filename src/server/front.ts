@@ -32,6 +32,8 @@ import { statusBytes, writeRelayedHeaders } from './relay.js';
 import { loadUws, type Uws } from './uws.js';
 import { WebSocketTunnels, type TunnelHost } from './websocket.js';
 import { TicketBook } from '../affinity/tickets.js';
+import { ReplicaSet, type ReplicatedCall, type ReplicatedOwner } from '../replication/fanout.js';
+import { ACKS_HEADER, VersionClock } from '../replication/quorum.js';
 
 /** A refused body declared up to this size is read and dropped, not cut off (see `proxy`). */
 const LINGER_BYTES = 16 * 1024 * 1024;
@@ -39,10 +41,12 @@ const LINGER_BYTES = 16 * 1024 * 1024;
 
 const JSON_TYPE = 'application/json';
 
-/** Sends a small JSON answer; safe to call inside or outside the handler. */
-function replyJson(res: HttpResponse, status: number, body: string, close = false): void {
+/** Sends a small JSON answer; safe to call inside or outside the handler. `allow`: a 405's methods. */
+function replyJson(res: HttpResponse, status: number, body: string, close = false, allow: string | null = null): void {
   res.cork(() => {
-    res.writeStatus(statusBytes(status)).writeHeader('content-type', JSON_TYPE).end(body, close);
+    res.writeStatus(statusBytes(status)).writeHeader('content-type', JSON_TYPE);
+    if (allow !== null) res.writeHeader('allow', allow);
+    res.end(body, close);
   });
 }
 
@@ -53,13 +57,26 @@ interface BoundRoute {
   readonly classifier: OperationClassifier | null;
   /** The route's affinity tickets (seed 004), or null. */
   readonly tickets: TicketBook | null;
+  /** A replicated route's replicas and hints (seed 003), or null. */
+  readonly replicas: ReplicaSet | null;
 }
 
+/** What a replicated route carries: reads and whole-value writes (last write wins). */
+function replicatedOp(method: string): number {
+  if (method === 'GET' || method === 'HEAD') return OP_READ;
+  if (method === 'PUT' || method === 'DELETE') return OP_WRITE;
+  return -1;
+}
+
+const REPLICATED_METHODS = 'GET, HEAD, PUT, DELETE';
+
 /** One proxied request: its client response, what to send upstream, and the exchange. */
-class ProxyRequest implements ProxiedRequest {
+class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   aborted = false;
   answered = false;
   exchange: Exchange | null = null;
+  /** A replicated route's fan-out (instead of an exchange). */
+  call: ReplicatedCall | null = null;
   /** The worker's list of unfinished requests (answered at the drain deadline). */
   prev: ProxyRequest | null = null;
   next: ProxyRequest | null = null;
@@ -137,6 +154,13 @@ class ProxyRequest implements ProxiedRequest {
 
   start(): void {
     if (this.answered) return;
+    const replicas = this.route.replicas;
+    if (replicas !== null) {
+      // Not cancelled if the client goes: the write lands on every replica all the same.
+      this.call = replicas.call(this, this.op, this.method, this.upstream.path, this.upstream.headers, this.upstream.body);
+      this.call.begin(this.key);
+      return;
+    }
     const runtime = this.route.runtime;
     const exchange = new Exchange(runtime, runtime.size);
     exchange.context = this;
@@ -172,8 +196,21 @@ class ProxyRequest implements ProxiedRequest {
     this.finish();
   }
 
+  replicated(call: ReplicatedCall): void {
+    if (this.aborted || this.answered) return;
+    this.answered = true;
+    corked = this;
+    this.res.cork(writeCorked);
+    corked = null;
+    this.finish();
+  }
+
   /** @internal inside `res.cork`: the answer (or the failure) in one corked write. */
   writeAnswer(): void {
+    if (this.call !== null) {
+      this.writeReplicated(this.call);
+      return;
+    }
     const exchange = this.exchange!;
     const runtime = this.route.runtime;
     const res = this.res;
@@ -197,17 +234,39 @@ class ProxyRequest implements ProxiedRequest {
     const tickets = this.route.tickets;
     if (tickets !== null && !this.ticketKept && (exchange.servedBy !== this.pinned || this.renewTicket)) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!));
     const own = runtime.answerLines[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
-    const declaredLength = writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead, tickets === null ? null : tickets.header);
-    // uWS writes its own content-length; for HEAD it must be the node's (left out, uWS would
-    // write a bogus huge one and treat the response as unfinished).
-    if (isHead) res.endWithoutBody(declaredLength, close);
+    writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead, tickets === null ? null : tickets.header);
+    // uWS writes its own content-length; for HEAD the node's is relayed instead (see relay.ts).
+    // A HEAD answer while draining keeps its connection until the drain closes them all.
+    if (isHead) res.endWithoutBody();
     else res.end(exchange.body!, close);
+  }
+
+  private writeReplicated(call: ReplicatedCall): void {
+    const res = this.res;
+    const close = this.front.draining;
+    const failure = call.failure;
+    const runtime = this.route.runtime;
+    if (failure !== null) {
+      res
+        .writeStatus(statusBytes(failure.status))
+        .writeHeader('content-type', JSON_TYPE)
+        .end(errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close);
+      return;
+    }
+    runtime.won(call.servedBy);
+    if (call.status !== 200) res.writeStatus(statusBytes(call.status));
+    res.writeHeader(ACKS_HEADER, `${call.acks}/${call.required}`);
+    const isHead = this.method === 'HEAD';
+    writeRelayedHeaders(res, call.headers, runtime.answerLines[2 * call.servedBy]!, isHead);
+    if (isHead) res.endWithoutBody();
+    else res.end(call.body!, close);
   }
 
   /** The drain deadline passed with this request unanswered: answer it before connections close. */
   shutDown(): void {
     if (!this.aborted && !this.answered) {
-      if (this.exchange !== null) this.exchange.shutDown();
+      if (this.call !== null) this.call.shutDown();
+      else if (this.exchange !== null) this.exchange.shutDown();
       else this.reject(503, errorBody('the front door shut down before the request body arrived', ErrorCodes.SHUTTING_DOWN), true);
     }
     this.finish();
@@ -300,20 +359,36 @@ export class WorkerFront implements TunnelHost {
     this.rows = init.nodes.map(() => ({ weight: 0, flags: 0, region: -1, cluster: 0 }));
     this.histograms = new NodeHistograms(init.nodes.length);
     this.agent = new H1Agent(sweepPeriodMs(init.settings.requestTimeoutMs));
+    const replication = { clock: new VersionClock(init.slot), region: init.region, refresh: () => this.refresh() };
     this.runtimes = init.clusters.map(
       (spec) =>
-        new ClusterRuntime(spec, init.nodes, init.settings, this.slot, this.histograms, (g) => hooks.nodeRefused(g), this.agent, (g) =>
-          hooks.leaderFailed(g),
+        new ClusterRuntime(
+          spec,
+          init.nodes,
+          init.settings,
+          this.slot,
+          this.histograms,
+          (g) => hooks.nodeRefused(g),
+          this.agent,
+          (g) => hooks.leaderFailed(g),
+          replication,
         ),
     );
     this.routes = init.routes.map((spec) => {
       const runtime = this.runtimes[spec.cluster]!;
+      let replicas: ReplicaSet | null = null;
+      if (spec.quorum !== null) {
+        runtime.replicate(this.rows);
+        const set = (replicas = new ReplicaSet(runtime, spec.quorum));
+        runtime.onUpdate.push(() => set.hints.deliver());
+      }
       return {
         spec,
         runtime,
         policy: runtime.policy(spec.policy),
         classifier: spec.operations ? new OperationClassifier(spec.operations) : null,
         tickets: spec.affinity ? new TicketBook(spec.affinity) : null,
+        replicas,
       };
     });
     this.rankScratch = new Int32Array(Math.max(1, ...this.runtimes.map((r) => r.size)));
@@ -404,6 +479,7 @@ export class WorkerFront implements TunnelHost {
       });
     }
     const abandoned = this.active;
+    for (const route of this.routes) route.replicas?.hints.close();
     // Every request still unanswered gets an answer (503, or 502 for a bare write that may have
     // been applied) before the connections close.
     while (this.unfinished !== null) this.unfinished.shutDown();
@@ -536,9 +612,9 @@ export class WorkerFront implements TunnelHost {
   }
 
   /** @internal The front door answers a request itself (4xx or 501), counted as rejected. */
-  refuse(res: HttpResponse, status: number, body: string, close: boolean): void {
+  refuse(res: HttpResponse, status: number, body: string, close: boolean, allow: string | null = null): void {
     this.slot.bump(C_REJECTED);
-    replyJson(res, status, body, close);
+    replyJson(res, status, body, close, allow);
   }
 
   private proxy(route: BoundRoute, res: HttpResponse, req: HttpRequest): void {
@@ -568,7 +644,25 @@ export class WorkerFront implements TunnelHost {
     }
     let op: number;
     let retryable: boolean;
-    if (route.classifier !== null) {
+    if (route.replicas !== null) {
+      op = replicatedOp(method);
+      if (op < 0) {
+        this.refuse(res, 405, errorBody(`${method} is not carried by a replicated route (${REPLICATED_METHODS})`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, REPLICATED_METHODS);
+        return;
+      }
+      // The path is the key when no header names one: `/kv/a/../b` and `/kv/b` must not be
+      // two keys on two sets of replicas for one value.
+      if (hasDotSegment(url)) {
+        this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not a key a replicated route takes', ErrorCodes.BAD_REQUEST), this.draining);
+        return;
+      }
+      if (scan.upgrade !== '' && /websocket/i.test(scan.upgrade)) {
+        this.refuse(res, 501, errorBody('a replicated route carries no WebSockets: each request goes to several replicas', ErrorCodes.UNSUPPORTED), true);
+        return;
+      }
+      if (keyHeader === null) key = url;
+      retryable = false;
+    } else if (route.classifier !== null) {
       if (hasDotSegment(url)) {
         this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not routed by operation rules', ErrorCodes.BAD_REQUEST), this.draining);
         return;

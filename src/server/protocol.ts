@@ -4,6 +4,7 @@
  * request; per-request state lives in shared memory (membership/table.ts, metrics/counters.ts).
  */
 import type { AffinitySettings } from '../affinity/tickets.js';
+import type { QuorumSettings } from '../replication/quorum.js';
 
 /** Operation classes a route's classifier assigns. */
 export const OP_READ = 0;
@@ -63,6 +64,11 @@ export interface RouteSpec {
   readonly failoverUnsent: boolean;
   /** Signed affinity tickets (seed 004) pin a client to the node it was placed on. Null: none. */
   readonly affinity: AffinitySettings | null;
+  /**
+   * Replicated (seed 003): each request goes to the key's replicas on the cluster's ring and is
+   * answered by quorum (replication/fanout.ts). Null: one node answers each request.
+   */
+  readonly quorum: QuorumSettings | null;
 }
 
 export interface ClusterSpec {
@@ -76,6 +82,8 @@ export interface NodeSpec {
   readonly id: string;
   readonly url: string;
   readonly cluster: number;
+  /** The node's region (replicated routes' region-aware quorums), or null. */
+  readonly region: string | null;
 }
 
 export interface DataPlaneSettings {
@@ -112,6 +120,8 @@ export interface WorkerInit {
   readonly clusters: readonly ClusterSpec[];
   readonly routes: readonly RouteSpec[];
   readonly settings: DataPlaneSettings;
+  /** The front door's own region (`local_quorum`), or null. */
+  readonly region: string | null;
 }
 
 /** Worker -> main. */

@@ -14,7 +14,7 @@ import { Buffer } from 'node:buffer';
 import { STATUS_CODES } from 'node:http';
 import type { HttpResponse } from 'uWebSockets.js';
 import { HEDGED_HEADER, SERVED_BY_HEADER } from '../contract.js';
-import { nameIs, parseDecimal, type HeaderFields } from '../forward/fields.js';
+import { nameIs, type HeaderFields } from '../forward/fields.js';
 import { PrefixViews } from '../forward/prefix-views.js';
 
 const STATUS_BYTES: (Buffer | undefined)[] = [];
@@ -75,10 +75,12 @@ let scratch = new PrefixViews(Buffer.allocUnsafe(16 * 1024));
 
 /**
  * Writes the front door's `own` lines (from {@link answerLines}) and the relayed fields as header
- * lines of `res`, in one call. For a HEAD answer (`head`), returns the node's content-length (uWS
- * must be told it; it is not relayed as a line), else 0. `drop`: one more name not relayed.
+ * lines of `res`, in one call. For a HEAD answer (`head`) the node's content-length is relayed as
+ * a line too: the answer then ends with `endWithoutBody()` and no argument (uWS 20.30 leaves a
+ * response given a length there unfinished, and the connection dies with the next request).
+ * `drop`: one more name not relayed.
  */
-export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | null, own: Buffer, head: boolean, drop: string | null = null): number {
+export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | null, own: Buffer, head: boolean, drop: string | null = null): void {
   let need = own.length;
   const count = fields === null ? 0 : fields.count;
   const o = fields === null ? null : fields.offsets;
@@ -88,14 +90,10 @@ export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | nu
   const out = scratch.buf;
   let at = 0;
   for (let k = 0; k < own.length; k++) out[at++] = own[k]!;
-  let declaredLength = 0;
   for (let i = 0; i < count * 4; i += 4) {
     const ns = o![i]!;
     const ne = o![i + 1]!;
-    if (isDroppedResponseHeader(src, ns, ne)) {
-      if (head && nameIs(src, ns, ne, 'content-length')) declaredLength = Math.max(0, parseDecimal(src, o![i + 2]!, o![i + 3]!));
-      continue;
-    }
+    if (isDroppedResponseHeader(src, ns, ne) && !(head && nameIs(src, ns, ne, 'content-length'))) continue;
     // The route's affinity ticket header is the front door's to write.
     if (drop !== null && ne - ns === drop.length && nameIs(src, ns, ne, drop)) continue;
     for (let k = ns; k < ne; k++) out[at++] = src[k]!;
@@ -107,5 +105,4 @@ export function writeRelayedHeaders(res: HttpResponse, fields: HeaderFields | nu
     out[at++] = 0x0a;
   }
   res.writeHeader(SERVED_BY_KEY, scratch.of(at - 2));
-  return declaredLength;
 }

@@ -3,6 +3,7 @@ import { availableParallelism } from 'node:os';
 import { BOARD_HEADER } from '../contract.js';
 import { DEFAULT_HEALTH_INTERVAL_MS, DEFAULT_HEALTH_TIMEOUT_MS } from '../membership/membership.js';
 import { DEFAULT_HEDGE_BUDGET_PERCENT, DEFAULT_HEDGE_DELAY_MS, DEFAULT_HEDGE_PERCENTILE, DEFAULT_REQUEST_TIMEOUT_MS } from '../router/router.js';
+import { DEFAULT_HINT_WINDOW_MS, DEFAULT_MAX_HINT_BYTES } from '../replication/quorum.js';
 import type { DataPlaneSettings } from './protocol.js';
 import type { RouteConfig } from './supervisor.js';
 
@@ -34,5 +35,17 @@ export function defaultSettings(overrides: Partial<DataPlaneSettings> = {}): Dat
 
 /** Seed 001's HTTP surface: `/rpc/*` over the default cluster, keyed by the board header. */
 export const RPC_ROUTE: RouteConfig = { pattern: '/rpc/*', cluster: DEFAULT_CLUSTER, policy: 'rendezvous', keyHeader: BOARD_HEADER };
+
+/**
+ * The demo's replicated route: `/kv/<key>` on three replicas, two acknowledgements a write, two
+ * answers a read (the demo nodes keep values as the reference replica does).
+ */
+export const DEMO_KV_ROUTE: RouteConfig = {
+  pattern: '/kv/*',
+  cluster: DEFAULT_CLUSTER,
+  policy: 'ring',
+  keyHeader: null,
+  quorum: { n: 3, w: 2, r: 2, consistency: 'quorum', sloppy: true, hintWindowMs: DEFAULT_HINT_WINDOW_MS, maxHintBytes: DEFAULT_MAX_HINT_BYTES },
+};
 
 export { DEFAULT_HEALTH_INTERVAL_MS, DEFAULT_HEALTH_TIMEOUT_MS };

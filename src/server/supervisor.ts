@@ -17,6 +17,7 @@ import { CounterSlot, counterBytes, readTotals } from '../metrics/counters.js';
 import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
 import { EtcdLeaderProbe } from '../membership/leader.js';
+import type { QuorumSettings } from '../replication/quorum.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, WorkerInit, WorkerMessage } from './protocol.js';
 
 export interface ClusterConfig {
@@ -38,6 +39,8 @@ export interface RouteConfig {
   readonly hedge?: boolean;
   readonly failoverUnsent?: boolean;
   readonly affinity?: AffinitySettings | null;
+  /** Replicated route (seed 003): fan-out to the key's replicas, answered by quorum. */
+  readonly quorum?: QuorumSettings | null;
 }
 
 export const DEFAULT_POLICY_SETTINGS: PolicySettings = { ewmaAlpha: 0.3, temperatureMs: 1, rho: 2, probeShare: 0.005 };
@@ -52,6 +55,8 @@ export interface FrontDoorConfig {
   readonly healthTimeoutMs: number;
   readonly settings: DataPlaneSettings;
   readonly fetch?: typeof globalThis.fetch;
+  /** The front door's own region (`local_quorum` on replicated routes). */
+  readonly region?: string | null;
 }
 
 const WORKER_URL = new URL('../../workers/data-plane.js', import.meta.url);
@@ -117,7 +122,7 @@ export class FrontDoor extends EventEmitter {
           throw new ConfigError(`node "${member.id}": ${member.url} is https, which the built-in upstream client does not speak (use --upstream-client undici)`);
         }
         indices.push(this.nodes.length);
-        this.nodes.push({ id: member.id, url: member.url, cluster: clusterIndex });
+        this.nodes.push({ id: member.id, url: member.url, cluster: clusterIndex, region: member.region ?? null });
       }
       this.clusters.push({ name: cluster.name, nodes: indices, policySettings: { ...DEFAULT_POLICY_SETTINGS, ...cluster.policySettings } });
       membership.on('change', () => this.publish());
@@ -145,6 +150,7 @@ export class FrontDoor extends EventEmitter {
         hedge: route.hedge ?? true,
         failoverUnsent: route.failoverUnsent ?? false,
         affinity: route.affinity ?? null,
+        quorum: route.quorum ?? null,
       };
     });
     this.table = new TableWriter(this.nodes.length);
@@ -207,6 +213,12 @@ export class FrontDoor extends EventEmitter {
       rejected: totals.rejected,
       hedgesDenied: totals.hedgesDenied,
       websockets: totals.websockets,
+      quorum: {
+        failures: totals.quorumFailures,
+        standIns: totals.standIns,
+        readRepairs: totals.readRepairs,
+        hints: { pending: totals.hintsPending, delivered: totals.hintsDelivered, expired: totals.hintsExpired, refused: totals.hintsRefused },
+      },
       healthy: this.memberships.flatMap((m) => m.healthyIds()),
       leaders: Object.fromEntries(
         this.leaderProbes.flatMap((p, i) => (p ? [[this.clusters[i]!.name, p.leader]] : [])),
@@ -321,7 +333,9 @@ export class FrontDoor extends EventEmitter {
       for (const node of membership.nodes()) {
         const healthy = membership.isHealthy(node.id);
         rows.push({
-          weight: node.weight,
+          // Capacity, healthy or not: health is in the flags (the workers zero an unhealthy
+          // node's routable weight), and replicated routes place keys on members by capacity.
+          weight: membership.capacityWeight(node.id),
           flags: (healthy ? FLAG_HEALTHY : 0) | FLAG_ENABLED | (node.id === leader ? FLAG_LEADER : 0),
           region: -1,
           cluster: clusterIndex,
@@ -364,6 +378,7 @@ export class FrontDoor extends EventEmitter {
       clusters: this.clusters,
       routes: this.routes,
       settings: this.config.settings,
+      region: this.config.region ?? null,
     };
     const worker = new Worker(WORKER_URL, { workerData: init, stderr: false, stdout: false });
     const previous = this.workers.get(slot);

@@ -113,6 +113,9 @@ export class WebSocketTunnels {
   /** Takes WebSocket handshakes on every proxied route; other requests fall through to `any`. */
   mount(app: TemplatedApp, routes: readonly TunnelRoute[]): void {
     for (const route of routes) {
+      // A replicated route's requests go to several replicas at once: no tunnel to one of them
+      // (its plain handler refuses the handshake).
+      if (route.spec.quorum !== null) continue;
       app.ws<{ tunnel: Tunnel }>(route.spec.pattern, {
         maxPayloadLength: this.host.maxMessageBytes,
         maxBackpressure: BACKLOG_LIMIT,

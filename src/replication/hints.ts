@@ -1,0 +1,206 @@
+/**
+ * Hinted handoff (seed 003): a write a stand-in acknowledged for a replica that was down is kept
+ * here as a hint, and handed to that replica once the membership table shows it healthy again,
+ * oldest first. As Cassandra's coordinator keeps hints: the front door that coordinated the write
+ * holds them (in the worker thread's memory: a restart loses them, and read repair then converges
+ * what they would have).
+ *
+ * A hint is the write as the replica would have had it, same version: delivering it twice, or
+ * after a newer write, changes nothing on a replica that keeps the highest version. It is kept
+ * for `hintWindowMs`; one that the replica answers with a client error (4xx) is dropped.
+ */
+import type { Buffer } from 'node:buffer';
+import { performance } from 'node:perf_hooks';
+import { isGatewayFailure, type AttemptHandle } from '../forward/exchange.js';
+import type { AttemptSink, UpstreamRequest } from '../forward/upstream.js';
+
+/** What the store needs of its cluster. */
+export interface HandoffHost {
+  /** Whether the membership table shows `node` healthy and enabled. */
+  isRoutable(node: number): boolean;
+  /** Re-read the membership table if it changed (a tick may come with no request to do it). */
+  refresh(): void;
+  send(sink: AttemptSink, node: number, ordinal: number, request: UpstreamRequest): AttemptHandle;
+  hintCounted(event: HintEvent): void;
+}
+
+/** `lost`: forgotten as the worker stopped. */
+export type HintEvent = 'stored' | 'delivered' | 'expired' | 'refused' | 'lost';
+
+interface Hint {
+  readonly request: UpstreamRequest;
+  readonly bytes: number;
+  readonly expiresAt: number;
+}
+
+/** Hints handed to one replica at a time, at most. */
+const DELIVERIES_PER_NODE = 4;
+/** While hints wait, how often the store looks again (expiry, a replica back, a failed delivery). */
+export const HANDOFF_RETRY_MS = 1_000;
+
+/** A hint's rough cost in memory: the body, the header strings and the objects around them. */
+function costOf(request: UpstreamRequest): number {
+  let bytes = 256 + (request.body?.length ?? 0) + request.path.length;
+  for (const h of request.headers) bytes += h.length;
+  return bytes;
+}
+
+class Delivery implements AttemptSink {
+  launchedAt = 0;
+  readonly op = 1; // OP_WRITE
+
+  constructor(
+    private readonly store: HintStore,
+    readonly node: number,
+    readonly hint: Hint,
+  ) {}
+
+  answered(_ordinal: number, status: number, _headers: unknown, _body: Buffer): void {
+    this.store.delivered(this, isGatewayFailure(status) ? 'retry' : status >= 200 && status < 300 ? 'delivered' : 'refused');
+  }
+
+  failed(): void {
+    this.store.delivered(this, 'retry');
+  }
+}
+
+export class HintStore {
+  /** Per replica, hints oldest first (the head is at `heads[node]`). */
+  private readonly queues: Hint[][];
+  private readonly heads: Int32Array;
+  private readonly inflight: Int32Array;
+  /** Per replica: a delivery failed; wait for the next tick before trying again. */
+  private readonly backoff: Uint8Array;
+  private bytes = 0;
+  private count = 0;
+  private timer: NodeJS.Timeout | null = null;
+  private closed = false;
+
+  constructor(
+    private readonly host: HandoffHost,
+    size: number,
+    private readonly windowMs: number,
+    private readonly maxBytes: number,
+    private readonly now: () => number = () => performance.now(),
+    private readonly retryMs = HANDOFF_RETRY_MS,
+  ) {
+    this.queues = Array.from({ length: size }, () => []);
+    this.heads = new Int32Array(size);
+    this.inflight = new Int32Array(size);
+    this.backoff = new Uint8Array(size);
+  }
+
+  /** Hints waiting (delivering ones included). */
+  get pending(): number {
+    return this.count;
+  }
+
+  /** Whether a hint for `request` would be kept: if not, no stand-in is used for it. */
+  hasRoom(request: UpstreamRequest): boolean {
+    return !this.closed && this.bytes + costOf(request) <= this.maxBytes;
+  }
+
+  /** Keeps a hint: `request` (the write as `node` should have had it) for `node`. */
+  keep(node: number, request: UpstreamRequest): void {
+    const bytes = costOf(request);
+    this.queues[node]!.push({ request, bytes, expiresAt: this.now() + this.windowMs });
+    this.bytes += bytes;
+    this.count++;
+    this.host.hintCounted('stored');
+    this.arm();
+  }
+
+  /** Hands over what can be handed over now: after a membership change, and on every tick. */
+  deliver(): void {
+    if (this.closed || this.count === 0) return;
+    const now = this.now();
+    for (let node = 0; node < this.queues.length; node++) {
+      this.expire(node, now);
+      if (this.backoff[node] !== 0 || !this.host.isRoutable(node)) continue;
+      this.sendMore(node);
+    }
+  }
+
+  /** @internal a delivery ended. */
+  delivered(delivery: Delivery, outcome: 'delivered' | 'refused' | 'retry'): void {
+    if (this.closed) return; // counted as lost at close
+    const { node, hint } = delivery;
+    this.inflight[node]!--;
+    if (outcome === 'retry') {
+      // Back in front of the queue: it is still the oldest. Try again on the next tick.
+      const queue = this.queues[node]!;
+      if (this.heads[node]! > 0) queue[--this.heads[node]!] = hint;
+      else queue.unshift(hint);
+      this.backoff[node] = 1;
+      this.arm();
+      return;
+    }
+    this.drop(hint, outcome);
+    if (!this.closed && this.backoff[node] === 0 && this.host.isRoutable(node)) this.sendMore(node);
+  }
+
+  /** Forgets every hint (the worker is stopping); returns how many were still waiting. */
+  close(): number {
+    this.closed = true;
+    if (this.timer !== null) clearTimeout(this.timer);
+    this.timer = null;
+    const lost = this.count;
+    for (let i = 0; i < lost; i++) this.host.hintCounted('lost');
+    this.count = this.bytes = 0;
+    for (const queue of this.queues) queue.length = 0;
+    return lost;
+  }
+
+  private sendMore(node: number): void {
+    const queue = this.queues[node]!;
+    while (this.inflight[node]! < DELIVERIES_PER_NODE && this.heads[node]! < queue.length) {
+      const hint = queue[this.heads[node]!]!;
+      queue[this.heads[node]!++] = undefined as unknown as Hint;
+      this.compact(node);
+      this.inflight[node]!++;
+      const delivery = new Delivery(this, node, hint);
+      delivery.launchedAt = performance.now();
+      this.host.send(delivery, node, 0, hint.request);
+    }
+  }
+
+  private expire(node: number, now: number): void {
+    const queue = this.queues[node]!;
+    while (this.heads[node]! < queue.length && queue[this.heads[node]!]!.expiresAt <= now) {
+      const hint = queue[this.heads[node]!]!;
+      queue[this.heads[node]!++] = undefined as unknown as Hint;
+      this.drop(hint, 'expired');
+    }
+    this.compact(node);
+  }
+
+  /** Drops the delivered prefix once it is most of the queue (amortised O(1) per hint). */
+  private compact(node: number): void {
+    const queue = this.queues[node]!;
+    const head = this.heads[node]!;
+    if (head === queue.length) {
+      queue.length = 0;
+      this.heads[node] = 0;
+    } else if (head > 64 && head * 2 > queue.length) {
+      queue.splice(0, head);
+      this.heads[node] = 0;
+    }
+  }
+
+  private drop(hint: Hint, outcome: 'delivered' | 'refused' | 'expired'): void {
+    this.bytes -= hint.bytes;
+    this.count--;
+    this.host.hintCounted(outcome);
+  }
+
+  private arm(): void {
+    if (this.timer !== null || this.closed) return;
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      this.backoff.fill(0);
+      this.host.refresh();
+      this.deliver();
+      if (this.count > 0) this.arm();
+    }, this.retryMs).unref();
+  }
+}

@@ -1,0 +1,173 @@
+/**
+ * Replicated routes (seed 003): the quorum rules and the version stamps, kept free of I/O so they
+ * can be tested alone.
+ *
+ * A key's replicas are its preference list on the cluster's ring: the first `n` distinct members
+ * clockwise from the key (membership, not health: a replica that is down is still the key's home,
+ * covered meanwhile by a stand-in further along the ring). A write counts once enough replicas
+ * have acknowledged it, a read once enough have answered:
+ *
+ * - `quorum`: `w` acknowledgements of a write, `r` answers to a read, from any region (defaults:
+ *   a majority of `n` each, so that w + r > n and every read quorum meets the latest write's);
+ * - `local_quorum`: a majority of the key's replicas in the front door's own region (when none of
+ *   them is there, a majority of all `n`);
+ * - `each_quorum`: a majority of the key's replicas in every region that holds one.
+ *
+ * A stand-in counts in its own region. Nodes without a region count as one more region.
+ */
+
+export type Consistency = 'quorum' | 'local_quorum' | 'each_quorum';
+
+export const CONSISTENCY_LEVELS: readonly Consistency[] = ['quorum', 'local_quorum', 'each_quorum'];
+
+export interface QuorumSettings {
+  /** Replicas per key. */
+  readonly n: number;
+  /** Acknowledgements a write needs (consistency `quorum`). */
+  readonly w: number;
+  /** Answers a read needs (consistency `quorum`). */
+  readonly r: number;
+  readonly consistency: Consistency;
+  /** Whether a replica that is down is covered by a stand-in with a hint (sloppy quorum). */
+  readonly sloppy: boolean;
+  /** How long a hint is kept for its replica to come back, milliseconds. */
+  readonly hintWindowMs: number;
+  /** Bytes of hints one worker thread keeps per cluster; past them, no stand-ins are used. */
+  readonly maxHintBytes: number;
+}
+
+export const DEFAULT_HINT_WINDOW_MS = 3 * 3_600_000;
+export const DEFAULT_MAX_HINT_BYTES = 64 * 1024 * 1024;
+
+/** Header carrying a write's version to the replicas, and a stored value's version back. */
+export const VERSION_HEADER = 'x-lakefront-version';
+/** Header on a stand-in's write: the id of the replica it covers. */
+export const HINT_HEADER = 'x-lakefront-hint-for';
+/** Response header: `acks/required` when a replicated request was answered. */
+export const ACKS_HEADER = 'x-lakefront-acks';
+
+export function majority(count: number): number {
+  return (count >> 1) + 1;
+}
+
+/**
+ * What one request needs: `need[s]` answers from scope `s`, where scope 0 is every region and
+ * scope 1 + g is region g. Built per request from the key's replicas (their regions vary by key).
+ */
+export class Requirement {
+  /** Per scope: answers still needed (<= 0: met). */
+  readonly need: Int32Array;
+  /** Per scope: targets still running that could count there. */
+  readonly pending: Int32Array;
+  /** Total needed, for the `acks/required` header. */
+  required = 0;
+
+  constructor(regions: number) {
+    this.need = new Int32Array(regions + 1);
+    this.pending = new Int32Array(regions + 1);
+  }
+
+  /**
+   * Fills the needs for a key whose home replicas are `homes[0..count)`, given each node's
+   * region index (`regionOf[node]`; nodes without a region share one index of their own) and the
+   * front door's (`local`, -1 when no node is in its region).
+   */
+  set(consistency: Consistency, wanted: number, homes: Int32Array, count: number, regionOf: Int32Array, local: number): void {
+    const need = this.need;
+    need.fill(0);
+    if (consistency === 'quorum') {
+      need[0] = this.required = wanted;
+      return;
+    }
+    // Replicas per region among the key's homes.
+    for (let i = 0; i < count; i++) need[1 + regionOf[homes[i]!]!]!++;
+    if (consistency === 'local_quorum') {
+      const here = local >= 0 ? need[1 + local]! : 0;
+      need.fill(0);
+      if (here > 0) need[1 + local] = this.required = majority(here);
+      else need[0] = this.required = majority(count);
+      return;
+    }
+    // each_quorum: a majority in every region holding one of the key's replicas.
+    this.required = 0;
+    for (let s = 1; s < need.length; s++) {
+      if (need[s]! > 0) {
+        need[s] = majority(need[s]!);
+        this.required += need[s]!;
+      }
+    }
+  }
+
+  /** A target in region `region` starts. */
+  add(region: number): void {
+    this.pending[0]!++;
+    this.pending[1 + region]!++;
+  }
+
+  /** A target in region `region` ended: answered (`counts`) or not. */
+  settle(region: number, counts: boolean): void {
+    this.pending[0]!--;
+    this.pending[1 + region]!--;
+    if (counts) {
+      this.need[0]!--;
+      this.need[1 + region]!--;
+    }
+  }
+
+  get met(): boolean {
+    const need = this.need;
+    for (let s = 0; s < need.length; s++) if (need[s]! > 0) return false;
+    return true;
+  }
+
+  /** Whether the targets still running could meet every need. */
+  get possible(): boolean {
+    const { need, pending } = this;
+    for (let s = 0; s < need.length; s++) if (need[s]! > pending[s]!) return false;
+    return true;
+  }
+}
+
+/**
+ * Versions are decimal integers below 2^63 (an int64 for the replicas): microseconds since the
+ * epoch times 1000, plus the stamping thread's slot (1-999) so that two threads never stamp the
+ * same version. Strictly increasing per thread. Replicas keep the highest version they are sent
+ * (last write wins); the front doors' clocks order writes to one key, so keep them in sync.
+ */
+export class VersionClock {
+  private lastUs = 0;
+  private readonly suffix: string;
+
+  constructor(slot: number, private readonly nowMs: () => number = () => performance.timeOrigin + performance.now()) {
+    if (!Number.isInteger(slot) || slot < 0 || slot > 999) throw new RangeError(`version clock slot ${slot} out of 0..999`);
+    this.suffix = String(slot).padStart(3, '0');
+  }
+
+  next(): string {
+    const us = Math.max(this.lastUs + 1, Math.floor(this.nowMs() * 1000));
+    this.lastUs = us;
+    return `${us}${this.suffix}`;
+  }
+}
+
+/** Whether `text` is a version: 1-19 decimal digits. */
+function isVersion(text: string): boolean {
+  const n = text.length;
+  if (n === 0 || n > 19) return false;
+  for (let i = 0; i < n; i++) {
+    const c = text.charCodeAt(i);
+    if (c < 48 || c > 57) return false;
+  }
+  return true;
+}
+
+/**
+ * Orders two version texts as integers: negative when `a` is older. A missing or malformed
+ * version ('' or anything but 1-19 digits) is older than any version.
+ */
+export function compareVersions(a: string, b: string): number {
+  const va = isVersion(a) ? a.replace(/^0+(?=\d)/, '') : '';
+  const vb = isVersion(b) ? b.replace(/^0+(?=\d)/, '') : '';
+  if (va.length !== vb.length) return va.length - vb.length;
+  return va < vb ? -1 : va > vb ? 1 : 0;
+}

@@ -1,0 +1,509 @@
+/**
+ * Replicated routes (seed 003): quorum rules, versions, hinted handoff, and the whole thing
+ * through the front door over real replicas (the reference replica store in fake nodes).
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { after, afterEach, before, describe, it } from 'node:test';
+import { WebSocket } from 'ws';
+import { HashRing } from '../src/hashing/ring.js';
+import { UpstreamRequest, type AttemptSink } from '../src/forward/upstream.js';
+import { HintStore, type HandoffHost, type HintEvent } from '../src/replication/hints.js';
+import { Requirement, VersionClock, compareVersions, type QuorumSettings } from '../src/replication/quorum.js';
+import { parseFileConfig } from '../src/config/file.js';
+import { ConfigError } from '../src/errors.js';
+import { defaultSettings } from '../src/server/settings.js';
+import { FrontDoor } from '../src/server/supervisor.js';
+import { startNodes, type FakeNode } from './fixtures/fake-node.js';
+import { call, rawExchange } from './fixtures/http.js';
+
+const QUORUM: QuorumSettings = { n: 3, w: 2, r: 2, consistency: 'quorum', sloppy: true, hintWindowMs: 60_000, maxHintBytes: 1 << 20 };
+
+/** The key's preference list (node ids), as the front door's members ring has it. */
+function preference(ids: readonly string[], key: string): string[] {
+  const ring = new HashRing(ids, ids.map(() => 1));
+  const out = new Int32Array(ids.length);
+  const count = ring.preferenceInto(key, out);
+  return [...out.subarray(0, count)].map((i) => ids[i]!);
+}
+
+describe('quorum rules', () => {
+  const homes = Int32Array.from([0, 1, 2, 3, 4]);
+  // Regions: 0 = east (nodes 0, 1, 2), 1 = west (nodes 3, 4).
+  const regionOf = Int32Array.from([0, 0, 0, 1, 1]);
+
+  it('quorum: w answers from anywhere', () => {
+    const q = new Requirement(2);
+    q.set('quorum', 3, homes, 5, regionOf, 0);
+    assert.equal(q.required, 3);
+    for (const node of [0, 3, 4]) q.add(regionOf[node]!);
+    assert.ok(q.possible);
+    q.settle(1, true);
+    q.settle(1, true);
+    assert.ok(!q.met);
+    q.settle(0, false);
+    assert.ok(!q.possible, 'two answers and nothing running: three cannot come');
+  });
+
+  it('local_quorum: a majority of the replicas in the front door\'s region; all of them when it has none', () => {
+    const q = new Requirement(2);
+    q.set('local_quorum', 0, homes, 5, regionOf, 0);
+    assert.equal(q.required, 2, 'two of the three east replicas');
+    for (const node of [0, 1, 3, 4]) q.add(regionOf[node]!);
+    q.settle(1, true);
+    q.settle(1, true);
+    assert.ok(!q.met, 'west answers do not count');
+    q.settle(0, true);
+    assert.ok(!q.met);
+    q.settle(0, true);
+    assert.ok(q.met);
+    const none = new Requirement(2);
+    none.set('local_quorum', 0, homes, 5, regionOf, -1);
+    assert.equal(none.required, 3, 'no replica here: a majority of all five');
+  });
+
+  it('each_quorum: a majority in every region holding a replica', () => {
+    const q = new Requirement(2);
+    q.set('each_quorum', 0, homes, 5, regionOf, 0);
+    assert.equal(q.required, 4, 'two of three east, two of two west');
+    for (const node of [0, 1, 2, 3]) q.add(regionOf[node]!);
+    assert.ok(!q.possible, 'only one west target: the west majority cannot come');
+    const east = new Requirement(2);
+    east.set('each_quorum', 0, Int32Array.from([0, 1, 2]), 3, regionOf, 1);
+    assert.equal(east.required, 2, 'replicas only in the east: west needs nothing');
+  });
+});
+
+describe('versions', () => {
+  it('compare as integers; a missing or malformed one is the oldest', () => {
+    assert.ok(compareVersions('10', '9') > 0);
+    assert.ok(compareVersions('0009', '10') < 0);
+    assert.equal(compareVersions('007', '7'), 0);
+    assert.ok(compareVersions('', '0') < 0);
+    assert.ok(compareVersions('12a', '1') < 0);
+    assert.ok(compareVersions('1'.repeat(20), '1') < 0, 'past 19 digits: not a version');
+  });
+
+  it('are stamped strictly increasing per thread, with the thread in the last three digits', () => {
+    let now = 1_800_000_000_000;
+    const clock = new VersionClock(7, () => now);
+    const a = clock.next();
+    const b = clock.next(); // same millisecond
+    assert.match(a, /^\d{16}007$/);
+    assert.ok(compareVersions(b, a) > 0);
+    now -= 5; // the wall clock stepped back
+    assert.ok(compareVersions(clock.next(), b) > 0);
+    const other = new VersionClock(8, () => 1_800_000_000_000);
+    assert.notEqual(other.next(), a, 'two threads never stamp the same version');
+    assert.throws(() => new VersionClock(1000), RangeError);
+  });
+});
+
+/** A hand-driven cluster for the hint store: the test answers each delivery itself. */
+class Handoff implements HandoffHost {
+  routable = [false, false];
+  events: HintEvent[] = [];
+  sent: { node: number; sink: AttemptSink; request: UpstreamRequest }[] = [];
+  isRoutable(node: number): boolean {
+    return this.routable[node]!;
+  }
+  refresh(): void {}
+  send(sink: AttemptSink, node: number, _ordinal: number, request: UpstreamRequest) {
+    this.sent.push({ node, sink, request });
+    return { abort: () => undefined };
+  }
+  hintCounted(event: HintEvent): void {
+    this.events.push(event);
+  }
+}
+
+const write = (path: string, body = 'v') => new UpstreamRequest('PUT', path, ['x-lakefront-version', '1'], Buffer.from(body));
+
+describe('hint store', () => {
+  it('hands hints over oldest first once their replica is back, and retries a failed one', async () => {
+    const host = new Handoff();
+    const store = new HintStore(host, 2, 60_000, 1 << 20, undefined, 10);
+    try {
+      store.keep(1, write('/kv/a'));
+      store.keep(1, write('/kv/b'));
+      store.deliver();
+      assert.equal(host.sent.length, 0, 'node 1 is still down');
+      host.routable[1] = true;
+      store.deliver();
+      assert.deepEqual(host.sent.map((s) => s.request.path), ['/kv/a', '/kv/b']);
+      host.sent[0]!.sink.answered(0, 204, null, Buffer.alloc(0), 1);
+      host.sent[1]!.sink.failed(0, Object.assign(new Error('reset'), { code: 'ECONNRESET' }));
+      assert.equal(store.pending, 1);
+      assert.deepEqual(host.events, ['stored', 'stored', 'delivered']);
+      // The failed one is tried again on the next tick (10 ms here), not at once.
+      assert.equal(host.sent.length, 2);
+      while (host.sent.length < 3) await new Promise((resolve) => setImmediate(resolve));
+      assert.equal(host.sent[2]!.request.path, '/kv/b');
+      host.sent[2]!.sink.answered(0, 409, null, Buffer.alloc(0), 1);
+      assert.deepEqual(host.events.slice(2), ['delivered', 'refused'], 'a 4xx drops the hint');
+      assert.equal(store.pending, 0);
+    } finally {
+      store.close();
+    }
+  });
+
+  it('drops hints past the window, keeps none past its byte limit, and counts what a stop loses', () => {
+    let now = 0;
+    const host = new Handoff();
+    const store = new HintStore(host, 2, 1_000, 2_000, () => now);
+    store.keep(0, write('/kv/old'));
+    now = 1_000;
+    store.deliver();
+    assert.deepEqual(host.events, ['stored', 'expired']);
+    assert.ok(store.hasRoom(write('/kv/x', 'y'.repeat(1_000))));
+    assert.ok(!store.hasRoom(write('/kv/x', 'y'.repeat(2_000))), 'a hint past the limit: no stand-in for it');
+    store.keep(0, write('/kv/new'));
+    assert.equal(store.close(), 1);
+    assert.equal(host.events.at(-1), 'lost');
+    assert.ok(!store.hasRoom(write('/kv/x')), 'closed: nothing more is kept');
+  });
+});
+
+describe('replicated route through the front door', () => {
+  let nodes: FakeNode[];
+  let door: FrontDoor;
+  let ids: string[];
+  const KEY = '/kv/apple';
+  let homes: string[];
+  let spare: string;
+  const byId = (id: string) => nodes.find((n) => n.id === id)!;
+
+  before(async () => {
+    nodes = await startNodes('rep-a', 'rep-b', 'rep-c', 'rep-d');
+    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    ids = nodes.map((n) => n.id);
+    [homes, spare] = [preference(ids, KEY).slice(0, 3), preference(ids, KEY)[3]!];
+    door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 2,
+      clusters: [{ name: 'store', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [
+        { pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: QUORUM },
+        { pattern: '/strict/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: { ...QUORUM, sloppy: false } },
+      ],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings(),
+    });
+  });
+  after(async () => {
+    await door.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+  afterEach(() => {
+    for (const n of nodes) {
+      n.behaviour = { kind: 'replica' };
+      n.received.length = 0;
+    }
+  });
+
+  /** Marks `id` down or up as the health poll would, and waits for the change to publish. */
+  async function setHealth(id: string, healthy: boolean): Promise<void> {
+    byId(id).healthy = healthy;
+    const changed = once(door.memberships[0]!, 'change');
+    await door.memberships[0]!.probeOnce();
+    await changed;
+  }
+
+  const stats = async () => (await call(`${door.url}/stats`)).json<{ quorum: { failures: number; standIns: number; readRepairs: number; hints: Record<string, number> } }>();
+
+  it('writes to the key\'s n replicas once each, with one version, and reads it back', async () => {
+    const put = await call(`${door.url}${KEY}`, { method: 'PUT', body: 'red', headers: { 'content-type': 'text/plain', 'x-lakefront-version': '9'.repeat(19) } });
+    assert.equal(put.status, 204);
+    assert.equal(put.headers['x-lakefront-acks'], '2/2');
+    assert.ok(homes.includes(String(put.headers['x-lakefront-served-by'])));
+    // The third replica may still be on its way: wait for it.
+    await Promise.all(homes.map(async (id) => { while (byId(id).hits('/kv/') === 0) await once(byId(id), 'request'); }));
+    const versions = new Set(homes.map((id) => byId(id).received[0]!.headers['x-lakefront-version']));
+    assert.equal(versions.size, 1, 'one version for every replica');
+    assert.notEqual([...versions][0], '9'.repeat(19), 'the client\'s version is not the one sent');
+    for (const id of homes) assert.equal(byId(id).hits('/kv/'), 1, `${id} got the write once`);
+    assert.equal(byId(spare).hits(), 0, 'the spare is not a replica of this key');
+    const got = await call(`${door.url}${KEY}`);
+    assert.equal(got.status, 200);
+    assert.equal(got.text, 'red');
+    assert.equal(got.headers['content-type'], 'text/plain');
+    assert.equal(got.headers['x-lakefront-version'], [...versions][0]);
+    const head = await call(`${door.url}${KEY}`, { method: 'HEAD' });
+    assert.equal(head.status, 200);
+    assert.equal(head.headers['content-length'], '3');
+  });
+
+  it('a deletion is a versioned write too: the key reads 404 after it', async () => {
+    await call(`${door.url}/kv/gone`, { method: 'PUT', body: 'x' });
+    const del = await call(`${door.url}/kv/gone`, { method: 'DELETE' });
+    assert.equal(del.status, 204);
+    const replicas = preference(ids, '/kv/gone').slice(0, 3).map(byId);
+    await Promise.all(replicas.map(async (n) => { while (n.hits('/kv/gone') < 2) await once(n, 'request'); }));
+    const got = await call(`${door.url}/kv/gone`);
+    assert.equal(got.status, 404);
+    assert.ok(got.headers['x-lakefront-version'], 'a deletion has its version');
+  });
+
+  it('refuses other methods (405 with Allow), dot-segment keys (400) and WebSockets (501), sending nothing', async () => {
+    const post = await call(`${door.url}${KEY}`, { method: 'POST', body: 'x' });
+    assert.equal(post.status, 405);
+    assert.equal(post.headers['allow'], 'GET, HEAD, PUT, DELETE');
+    assert.equal(post.json<{ code: string }>().code, 'LF_ERR_METHOD_NOT_ALLOWED');
+    // Raw bytes: a WHATWG URL would resolve the dot segments before sending.
+    const dots = await rawExchange(door.url, 'PUT /kv/x/%2e%2e/apple HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\nconnection: close\r\n\r\nx');
+    assert.match(dots, /^HTTP\/1\.1 400 /);
+    const ws = new WebSocket(`${door.url.replace('http:', 'ws:')}${KEY}`);
+    ws.on('error', () => undefined); // terminated below, before it opened
+    const [, refusal] = (await once(ws, 'unexpected-response')) as [unknown, { statusCode: number }];
+    assert.equal(refusal.statusCode, 501, 'no WebSocket tunnel to one replica');
+    ws.terminate();
+    assert.ok(nodes.every((n) => n.received.every((r) => r.method !== 'POST' && !r.path.includes('%2e'))), 'nothing was sent');
+  });
+
+  it('reads answer the newest version, and repair the replicas that had an older one', async () => {
+    const key = '/kv/pear';
+    const replicas = preference(ids, key).slice(0, 3);
+    const put = await call(`${door.url}${key}`, { method: 'PUT', body: 'ripe', headers: { 'content-type': 'text/plain' } });
+    const version = String(put.headers['x-lakefront-version']);
+    await Promise.all(replicas.map(async (id) => { while (byId(id).hits('/kv/') === 0) await once(byId(id), 'request'); }));
+    // One replica lost its disk, another holds an older value.
+    const [fresh, lost, old] = replicas.map(byId) as [FakeNode, FakeNode, FakeNode];
+    lost.store.clear();
+    old.store.clear();
+    old.store.handle('PUT', key, { 'x-lakefront-version': '1000' }, Buffer.from('unripe'));
+    for (const n of nodes) n.received.length = 0;
+    const before = (await stats()).quorum.readRepairs;
+    const repaired = Promise.all([lost, old].map((n) => once(n, 'request').then(() => once(n, 'request'))));
+    const got = await call(`${door.url}${key}`);
+    assert.equal(got.status, 200);
+    // With two answers of three the newest may be the stale pair's; the full set decides repair.
+    await repaired;
+    for (const n of [lost, old]) {
+      const repair = n.received[1]!;
+      assert.equal(repair.method, 'PUT');
+      assert.equal(repair.headers['x-lakefront-version'], version);
+      assert.equal(n.store.get(key)!.body, 'ripe');
+    }
+    assert.equal(fresh.received.length, 1, 'the up-to-date replica was only read');
+    assert.equal((await stats()).quorum.readRepairs - before, 2);
+    const again = await call(`${door.url}${key}`);
+    assert.equal(again.text, 'ripe');
+  });
+
+  it('sloppy quorum: a replica that is down is covered by a stand-in, and gets the write back when it returns', async () => {
+    const key = '/kv/plum';
+    const list = preference(ids, key);
+    const [down, standIn] = [list[0]!, list[3]!];
+    await setHealth(down, false);
+    try {
+      const before = await stats();
+      const put = await call(`${door.url}${key}`, { method: 'PUT', body: 'purple' });
+      assert.equal(put.status, 204);
+      while (byId(standIn).hits('/kv/') === 0) await once(byId(standIn), 'request');
+      const stood = byId(standIn).received[0]!;
+      assert.equal(stood.headers['x-lakefront-hint-for'], down, 'the stand-in is told whose write it holds');
+      assert.equal(byId(down).hits(), 0);
+      const during = await stats();
+      assert.equal(during.quorum.standIns - before.quorum.standIns, 1);
+      assert.equal(during.quorum.hints.pending, 1);
+      // The replica comes back: the hint is handed over, same version.
+      const handedOver = once(byId(down), 'request');
+      await setHealth(down, true);
+      await handedOver;
+      const hint = byId(down).received[0]!;
+      assert.equal(hint.method, 'PUT');
+      assert.equal(hint.headers['x-lakefront-version'], stood.headers['x-lakefront-version']);
+      assert.equal(hint.headers['x-lakefront-hint-for'], undefined);
+      assert.equal(byId(down).store.get(key)!.body, 'purple');
+      let after = await stats();
+      while (after.quorum.hints.pending !== 0) after = await stats(); // the ack is counted as it lands
+      assert.equal(after.quorum.hints.delivered - before.quorum.hints.delivered, 1);
+    } finally {
+      if (!byId(down).healthy) await setHealth(down, true);
+    }
+  });
+
+  it('a write that may have reached a replica (reset after sending) never goes to a stand-in', async () => {
+    const list = preference(ids, '/kv/kiwi');
+    byId(list[0]!).behaviour = { kind: 'reset' };
+    const put = await call(`${door.url}/kv/kiwi`, { method: 'PUT', body: 'kiwi' });
+    assert.equal(put.status, 204, 'the two others make the quorum');
+    for (const n of [byId(list[1]!), byId(list[2]!)]) while (n.hits('/kv/kiwi') === 0) await once(n, 'request');
+    assert.equal(byId(list[3]!).hits('/kv/kiwi'), 0, 'no stand-in');
+    assert.equal(byId(list[0]!).hits('/kv/kiwi'), 1, 'sent once');
+  });
+
+  it('without sloppy quorums, too few healthy replicas is a 503 before anything is sent', async () => {
+    const key = '/strict/melon';
+    const [a, b] = preference(ids, key);
+    await setHealth(a!, false);
+    await setHealth(b!, false);
+    try {
+      const put = await call(`${door.url}${key}`, { method: 'PUT', body: 'x' });
+      assert.equal(put.status, 503);
+      const body = put.json<{ code: string; required: number; replicas: { node: string }[] }>();
+      assert.equal(body.code, 'LF_ERR_QUORUM_UNAVAILABLE');
+      assert.equal(body.required, 2);
+      assert.equal(body.replicas.length, 1);
+      assert.equal(nodes.reduce((n, node) => n + node.hits(), 0), 0, 'nothing was sent');
+      const read = await call(`${door.url}${key}`);
+      assert.equal(read.status, 503);
+    } finally {
+      await setHealth(a!, true);
+      await setHealth(b!, true);
+    }
+  });
+
+  it('too few acknowledgements after sending: 502 naming every replica\'s outcome', async () => {
+    const key = '/strict/lime';
+    const [a, b, c] = preference(ids, key) as [string, string, string];
+    byId(a).behaviour = { kind: 'answer', status: 503 };
+    byId(b).behaviour = { kind: 'answer', status: 503 };
+    const put = await call(`${door.url}${key}`, { method: 'PUT', body: 'x' });
+    assert.equal(put.status, 502);
+    const body = put.json<{ code: string; acks: number; replicas: { node: string; outcome: string }[] }>();
+    assert.equal(body.code, 'LF_ERR_QUORUM_FAILED');
+    const outcomes = Object.fromEntries(body.replicas.map((r) => [r.node, r.outcome]));
+    assert.equal(outcomes[a], 'failed 503');
+    assert.equal(outcomes[b], 'failed 503');
+    assert.ok(outcomes[c] === 'acknowledged 204' || outcomes[c] === 'no answer yet', outcomes[c]);
+    while (byId(c).hits('/strict/') === 0) await once(byId(c), 'request');
+    for (const id of [a, b, c]) assert.equal(byId(id).hits('/strict/'), 1, 'each replica got it once: no retry');
+  });
+
+  it('when every replica refuses a write (4xx), their refusal is the answer', async () => {
+    for (const n of nodes) n.behaviour = { kind: 'answer', status: 409, body: '{"error":"conflict"}' };
+    const put = await call(`${door.url}/strict/grape`, { method: 'PUT', body: 'x' });
+    assert.equal(put.status, 409);
+    assert.equal(put.json<{ error: string }>().error, 'conflict');
+    assert.equal(put.headers['x-lakefront-acks'], '0/2');
+  });
+});
+
+describe('replicated route: a replica that refuses the connection', () => {
+  it('gets a stand-in (nothing reached it), and the write once it is back', async () => {
+    // A front door of its own: its workers hold no connection to the replica yet, so the write
+    // meets a refused connection, not a stale one.
+    const nodes = await startNodes('ref-a', 'ref-b', 'ref-c', 'ref-d');
+    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const ids = nodes.map((n) => n.id);
+    const door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'store', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: QUORUM }],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings(),
+    });
+    try {
+      const key = '/kv/fig';
+      const list = preference(ids, key).map((id) => nodes.find((n) => n.id === id)!);
+      const gone = list[1]!;
+      await gone.stop();
+      const put = await call(`${door.url}${key}`, { method: 'PUT', body: 'fig' });
+      assert.equal(put.status, 204);
+      while (list[3]!.hits('/kv/') === 0) await once(list[3]!, 'request');
+      assert.equal(list[3]!.received[0]!.headers['x-lakefront-hint-for'], gone.id);
+      await gone.restart();
+      // Marked down by the refusal (passive health); a probe finds it back, and the hint follows.
+      while (!door.memberships[0]!.isHealthy(gone.id)) await door.memberships[0]!.probeOnce();
+      while (gone.hits('/kv/') === 0) await once(gone, 'request');
+      assert.equal(gone.store.get(key)!.body, 'fig');
+      assert.equal(gone.received[0]!.headers['x-lakefront-version'], list[3]!.received[0]!.headers['x-lakefront-version']);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
+    }
+  });
+});
+
+describe('region-aware quorums through the front door', () => {
+  let nodes: FakeNode[];
+  let door: FrontDoor | null = null;
+  before(async () => {
+    nodes = await startNodes('east-1', 'east-2', 'west-1', 'west-2');
+    for (const n of nodes) n.behaviour = { kind: 'replica' };
+  });
+  after(async () => {
+    await door?.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  it('local_quorum writes succeed with the other region down; each_quorum and quorum refuse', async () => {
+    const members = nodes.map((n) => ({ id: n.id, url: n.url, region: n.id.split('-')[0]! }));
+    const route = (pattern: string, consistency: QuorumSettings['consistency'], w = 3, r = 2) => ({
+      pattern,
+      cluster: 'geo',
+      policy: 'ring' as const,
+      keyHeader: null,
+      quorum: { ...QUORUM, n: 4, w, r, consistency, sloppy: false },
+    });
+    door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      region: 'east',
+      clusters: [{ name: 'geo', members }],
+      routes: [route('/local/*', 'local_quorum'), route('/each/*', 'each_quorum'), route('/all/*', 'quorum')],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings(),
+    });
+    for (const n of nodes.filter((n) => n.id.startsWith('west'))) n.healthy = false;
+    const changed = once(door.memberships[0]!, 'change');
+    await door.memberships[0]!.probeOnce();
+    await changed;
+    const local = await call(`${door.url}/local/k`, { method: 'PUT', body: 'x' });
+    assert.equal(local.status, 204);
+    assert.equal(local.headers['x-lakefront-acks'], '2/2', 'both east replicas');
+    const each = await call(`${door.url}/each/k`, { method: 'PUT', body: 'x' });
+    assert.equal(each.status, 503);
+    assert.equal(each.json<{ required: number }>().required, 4, 'two in each region');
+    const all = await call(`${door.url}/all/k`, { method: 'PUT', body: 'x' });
+    assert.equal(all.status, 503, 'w = 3 of 4 with two down');
+    assert.equal((await call(`${door.url}/local/k`)).text, 'x', 'and local_quorum reads it back');
+  });
+});
+
+describe('replicated route configuration', () => {
+  const file = (route: Record<string, unknown>, extra: Record<string, unknown> = {}) => ({
+    ...extra,
+    clusters: [{ name: 'kv', nodes: [{ id: 'a', url: 'http://127.0.0.1:1', region: 'east' }, { id: 'b', url: 'http://127.0.0.1:2' }, { id: 'c', url: 'http://127.0.0.1:3' }] }],
+    routes: [{ path: '/kv/*', cluster: 'kv', ...route }],
+  });
+  const refused = (route: Record<string, unknown>, pattern: RegExp, extra?: Record<string, unknown>) =>
+    assert.throws(() => parseFileConfig(file(route, extra), 'lf.json'), (e: unknown) => e instanceof ConfigError && pattern.test(e.message));
+
+  it('takes defaults: the ring, n = 3, majorities, sloppy, the path as the key', () => {
+    const route = parseFileConfig(file({ quorum: {} }), 'lf.json').routes[0]!;
+    assert.equal(route.policy, 'ring');
+    assert.equal(route.keyHeader, null);
+    assert.deepEqual(
+      { ...route.quorum, hintWindowMs: 0, maxHintBytes: 0 },
+      { n: 3, w: 2, r: 2, consistency: 'quorum', sloppy: true, hintWindowMs: 0, maxHintBytes: 0 },
+    );
+  });
+
+  it('refuses a bad quorum with one line naming the value', () => {
+    refused({ quorum: { n: 3, w: 1, r: 2 } }, /routes\[0\]\.quorum: w \+ r must exceed n \(1 \+ 2 <= 3\)/);
+    refused({ quorum: { n: 4 } }, /quorum\.n: 4 replicas, and cluster "kv" has 3 nodes/);
+    refused({ quorum: { consistency: 'all' } }, /quorum\.consistency: unknown level "all"/);
+    refused({ quorum: { consistency: 'each_quorum', w: 2 } }, /quorum\.w: applies to consistency "quorum" only/);
+    refused({ quorum: { consistency: 'local_quorum' } }, /local_quorum needs the front door's own "region"/);
+    refused({ quorum: { consistency: 'local_quorum' } }, /no node of cluster "kv" is in region "west"/, { region: 'west' });
+    refused({ quorum: {}, policy: 'rendezvous', keyHeader: 'x-k' }, /routes\[0\]\.policy: a replicated route places keys on the ring/);
+    refused({ quorum: {}, operations: { reads: ['/kv/*'] } }, /routes\[0\]\.operations: does not apply to a replicated route/);
+    refused({ quorum: { n: 2, extra: 1 } }, /quorum\.extra: unknown setting/);
+    assert.ok(parseFileConfig(file({ quorum: { consistency: 'local_quorum' } }, { region: 'east' }), 'lf.json').routes[0]!.quorum);
+  });
+
+  it('refuses a bad node region', () => {
+    const bad = file({ quorum: {} });
+    (bad.clusters[0]!.nodes[1] as Record<string, unknown>).region = 'us east';
+    assert.throws(() => parseFileConfig(bad, 'lf.json'), /bad region "us east" for node "b"/);
+  });
+});
