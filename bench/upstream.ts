@@ -2,13 +2,14 @@
  * The bench's upstream nodes: one process, one uWS App per node port, single-threaded, so the
  * upstream costs as little CPU as possible and the proxies are what is measured.
  *
- *   node dist/bench/upstream.js --ports 0,0,0 [--body-bytes 64] [--stall-ms 50 --stall-p 0.02] [--websocket]
+ *   node dist/bench/upstream.js --ports 0,0,0 [--body-bytes 64] [--stall-ms 50 --stall-p 0.02] [--websocket] [--version V]
  *
  * Prints one JSON line `{"ports":[...]}` once every node listens. Every node answers `/health`
  * and any other path (any method) with `bodyBytes` of JSON-ish payload, after reading the body.
  * With --stall-p, each request independently waits --stall-ms first (tail-latency experiments).
  * A request's `?bytes=N` overrides the body size. With --websocket, every node also echoes
- * WebSocket messages.
+ * WebSocket messages. With --version, every answer carries `x-lakefront-version: V`: replicas of
+ * a replicated route that are all in step (no read repair), for the quorum bench.
  */
 import { parseArgs } from 'node:util';
 import { loadUws } from '../src/server/uws.js';
@@ -21,12 +22,14 @@ const { values } = parseArgs({
     'stall-p': { type: 'string', default: '0' },
     seed: { type: 'string', default: '1' },
     websocket: { type: 'boolean', default: false },
+    version: { type: 'string' },
   },
 });
 const uws = loadUws();
 const bodyBytes = Number(values['body-bytes']);
 const stallMs = Number(values['stall-ms']);
 const stallP = Number(values['stall-p']);
+const version = values.version ?? null;
 
 // A small deterministic PRNG (mulberry32) so stall patterns repeat run to run.
 let state = Number(values.seed) >>> 0;
@@ -88,7 +91,9 @@ wanted.forEach((port, index) => {
     const reply = (): void => {
       if (aborted) return;
       res.cork(() => {
-        res.writeStatus('200 OK').writeHeader('content-type', 'application/json').writeHeader('x-node', id).end(bodyOf(size));
+        res.writeStatus('200 OK').writeHeader('content-type', 'application/json').writeHeader('x-node', id);
+        if (version !== null) res.writeHeader('x-lakefront-version', version);
+        res.end(bodyOf(size));
       });
     };
     res.onData((_chunk, isLast) => {

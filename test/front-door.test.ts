@@ -12,7 +12,7 @@ import { route, type RouterServer } from '../src/router/index.js';
 import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
 import { FrontDoor } from '../src/server/supervisor.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
-import { call, ranking, rawExchange, rpc, type Reply } from './fixtures/http.js';
+import { call, inTurn, ranking, rawExchange, rpc, type Reply } from './fixtures/http.js';
 
 async function frontOver(nodes: FakeNode[], options: { hedgeDelayMs?: number; healthIntervalMs?: number } = {}): Promise<RouterServer> {
   return route({
@@ -327,33 +327,31 @@ describe('front door: HTTP surface', () => {
     byId(nodes, native!).behaviour = { kind: 'answer', body: 'h'.repeat(40), headers: { 'content-length': '40' } };
     // One raw connection, one request at a time (a client library would quietly reconnect if
     // the front door closed it).
-    const socket = connect(server.port, '127.0.0.1');
-    try {
-      let text = '';
-      let closed = false;
-      socket.on('data', (d: Buffer) => socket.emit('text', (text += d.toString('latin1'))));
-      socket.on('close', () => {
-        closed = true;
-        socket.emit('text', text);
-      });
-      const until = async (done: (t: string) => boolean) => {
-        while (!done(text) && !closed) await once(socket, 'text');
-      };
-      const request = (method: string) => `${method} /rpc/node.stats HTTP/1.1\r\nhost: x\r\nx-lakefront-board: head-board\r\n\r\n`;
-      socket.write(request('HEAD'));
-      await until((t) => t.includes('\r\n\r\n'));
-      const head = text;
-      assert.match(head, /^HTTP\/1\.1 200 /);
-      assert.match(head, /\r\ncontent-length: 40\r\n/i);
-      assert.equal(head.match(/content-length/gi)!.length, 1, 'one content-length');
-      assert.ok(head.endsWith('\r\n\r\n'), 'no body');
-      text = '';
-      socket.write(request('GET'));
-      await until((t) => t.endsWith('h'.repeat(40)));
-      assert.match(text, /^HTTP\/1\.1 200 [^]*\r\n\r\nh{40}$/, 'the same connection still answers');
-    } finally {
-      socket.destroy();
+    const request = (method: string) => `${method} /rpc/node.stats HTTP/1.1\r\nhost: x\r\nx-lakefront-board: head-board\r\n\r\n`;
+    const { answers, closed } = await inTurn(server.port, [request('HEAD'), request('GET')]);
+    const [head, get] = answers;
+    assert.match(head!, /^HTTP\/1\.1 200 /);
+    assert.match(head!, /\r\ncontent-length: 40\r\n/i);
+    assert.equal(head!.match(/content-length/gi)!.length, 1, 'one content-length');
+    assert.ok(head!.endsWith('\r\n\r\n'), 'no body');
+    assert.match(get ?? '', /^HTTP\/1\.1 200 [^]*\r\n\r\nh{40}$/, 'the same connection still answers');
+    assert.equal(closed, false);
+  });
+
+  it('answers HEAD without a body when it answers itself (404, 401), and keeps the connection usable', async () => {
+    const { answers, closed } = await inTurn(server.port, [
+      'HEAD /nowhere HTTP/1.1\r\nhost: x\r\n\r\n',
+      'HEAD /rpc/node.stats HTTP/1.1\r\nhost: x\r\n\r\n',
+      'GET /health HTTP/1.1\r\nhost: x\r\n\r\n',
+    ]);
+    assert.equal(answers.length, 3, `answers: ${JSON.stringify(answers)}`);
+    for (const [i, status] of [[0, 404], [1, 401]] as const) {
+      assert.match(answers[i]!, new RegExp(`^HTTP/1\\.1 ${status} `));
+      assert.ok(answers[i]!.endsWith('\r\n\r\n'), 'no body');
+      assert.match(answers[i]!, /\r\ncontent-length: [1-9]\d*\r\n/i, 'the length the body would have');
     }
+    assert.match(answers[2]!, /^HTTP\/1\.1 200 [^]*"ok":true/);
+    assert.equal(closed, false);
   });
 
   it('rejects a body over the limit with 413 and forwards nothing', async () => {

@@ -8,14 +8,16 @@ import { after, afterEach, before, describe, it } from 'node:test';
 import { WebSocket } from 'ws';
 import { HashRing } from '../src/hashing/ring.js';
 import { UpstreamRequest, type AttemptSink } from '../src/forward/upstream.js';
-import { HintStore, type HandoffHost, type HintEvent } from '../src/replication/hints.js';
+import { HeaderFields } from '../src/forward/fields.js';
+import { ReplicaSet, type ReplicaHost, type ReplicatedCall, type ReplicatedOwner } from '../src/replication/fanout.js';
+import { HintStore, hintCost, type HandoffHost, type HintEvent } from '../src/replication/hints.js';
 import { Requirement, VersionClock, compareVersions, type QuorumSettings } from '../src/replication/quorum.js';
 import { parseFileConfig } from '../src/config/file.js';
 import { ConfigError } from '../src/errors.js';
 import { defaultSettings } from '../src/server/settings.js';
 import { FrontDoor } from '../src/server/supervisor.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
-import { call, rawExchange } from './fixtures/http.js';
+import { call, inTurn, rawExchange } from './fixtures/http.js';
 
 const QUORUM: QuorumSettings = { n: 3, w: 2, r: 2, consistency: 'quorum', sloppy: true, hintWindowMs: 60_000, maxHintBytes: 1 << 20 };
 
@@ -84,18 +86,20 @@ describe('versions', () => {
     assert.ok(compareVersions('1'.repeat(20), '1') < 0, 'past 19 digits: not a version');
   });
 
-  it('are stamped strictly increasing per thread, with the thread in the last three digits', () => {
+  it('follow the wall clock, strictly increasing per thread, with the thread\'s stamp in the last three digits', () => {
     let now = 1_800_000_000_000;
-    const clock = new VersionClock(7, () => now);
+    const clock = new VersionClock(1_007, () => now);
     const a = clock.next();
+    assert.equal(a, '1800000000000000007', 'microseconds of the wall clock, then the stamp modulo 1000');
     const b = clock.next(); // same millisecond
-    assert.match(a, /^\d{16}007$/);
     assert.ok(compareVersions(b, a) > 0);
     now -= 5; // the wall clock stepped back
     assert.ok(compareVersions(clock.next(), b) > 0);
+    now += 60_000; // and forward (NTP): followed
+    assert.equal(clock.next(), '1800000059995000007');
     const other = new VersionClock(8, () => 1_800_000_000_000);
     assert.notEqual(other.next(), a, 'two threads never stamp the same version');
-    assert.throws(() => new VersionClock(1000), RangeError);
+    assert.throws(() => new VersionClock(-1), RangeError);
   });
 });
 
@@ -103,14 +107,17 @@ describe('versions', () => {
 class Handoff implements HandoffHost {
   routable = [false, false];
   events: HintEvent[] = [];
-  sent: { node: number; sink: AttemptSink; request: UpstreamRequest }[] = [];
+  sent: { node: number; ordinal: number; sink: AttemptSink; request: UpstreamRequest }[] = [];
+  /** Every delivery fails inside send (as undici does for a closed client). */
+  failAtOnce = false;
   isRoutable(node: number): boolean {
     return this.routable[node]!;
   }
   refresh(): void {}
-  send(sink: AttemptSink, node: number, _ordinal: number, request: UpstreamRequest) {
-    this.sent.push({ node, sink, request });
-    return { abort: () => undefined };
+  send(sink: AttemptSink, node: number, ordinal: number, request: UpstreamRequest) {
+    this.sent.push({ node, ordinal, sink, request });
+    if (this.failAtOnce) sink.failed(ordinal, Object.assign(new Error('closed'), { unsent: true }));
+    return { abort: () => undefined, mayHaveBeenSent: () => false };
   }
   hintCounted(event: HintEvent): void {
     this.events.push(event);
@@ -120,47 +127,225 @@ class Handoff implements HandoffHost {
 const write = (path: string, body = 'v') => new UpstreamRequest('PUT', path, ['x-lakefront-version', '1'], Buffer.from(body));
 
 describe('hint store', () => {
-  it('hands hints over oldest first once their replica is back, and retries a failed one', async () => {
+  it('hands hints over oldest first once their replica is back, and retries a failed one in its place', async () => {
     const host = new Handoff();
     const store = new HintStore(host, 2, 60_000, 1 << 20, undefined, 10);
     try {
-      store.keep(1, write('/kv/a'));
-      store.keep(1, write('/kv/b'));
+      for (const key of ['a', 'b', 'c']) {
+        assert.ok(store.reserve(write(`/kv/${key}`)));
+        store.keep(1, write(`/kv/${key}`));
+      }
       store.deliver();
       assert.equal(host.sent.length, 0, 'node 1 is still down');
       host.routable[1] = true;
       store.deliver();
-      assert.deepEqual(host.sent.map((s) => s.request.path), ['/kv/a', '/kv/b']);
+      assert.deepEqual(host.sent.map((s) => s.request.path), ['/kv/a', '/kv/b', '/kv/c']);
       host.sent[0]!.sink.answered(0, 204, null, Buffer.alloc(0), 1);
-      host.sent[1]!.sink.failed(0, Object.assign(new Error('reset'), { code: 'ECONNRESET' }));
+      host.sent[1]!.sink.answered(0, 500, null, Buffer.alloc(0), 1); // not a refusal: retried
+      host.sent[2]!.sink.failed(0, Object.assign(new Error('reset'), { code: 'ECONNRESET' }));
+      assert.equal(store.pending, 2);
+      assert.deepEqual(host.events, ['stored', 'stored', 'stored', 'delivered']);
+      // The failed ones are tried again on the next tick (10 ms here), not at once, oldest first.
+      assert.equal(host.sent.length, 3);
+      while (host.sent.length < 5) await new Promise((resolve) => setImmediate(resolve));
+      assert.deepEqual(host.sent.slice(3).map((s) => s.request.path), ['/kv/b', '/kv/c']);
+      host.sent[3]!.sink.answered(0, 409, null, Buffer.alloc(0), 1);
+      host.sent[4]!.sink.answered(0, 429, null, Buffer.alloc(0), 1); // a throttle: retried
+      assert.deepEqual(host.events.slice(4), ['refused'], 'a 4xx drops the hint');
       assert.equal(store.pending, 1);
-      assert.deepEqual(host.events, ['stored', 'stored', 'delivered']);
-      // The failed one is tried again on the next tick (10 ms here), not at once.
-      assert.equal(host.sent.length, 2);
-      while (host.sent.length < 3) await new Promise((resolve) => setImmediate(resolve));
-      assert.equal(host.sent[2]!.request.path, '/kv/b');
-      host.sent[2]!.sink.answered(0, 409, null, Buffer.alloc(0), 1);
-      assert.deepEqual(host.events.slice(2), ['delivered', 'refused'], 'a 4xx drops the hint');
-      assert.equal(store.pending, 0);
     } finally {
       store.close();
     }
   });
 
-  it('drops hints past the window, keeps none past its byte limit, and counts what a stop loses', () => {
+  it('does not spin on a delivery that fails inside send', () => {
+    const host = new Handoff();
+    host.failAtOnce = true;
+    host.routable[0] = true;
+    const store = new HintStore(host, 2, 60_000, 1 << 20);
+    try {
+      for (const key of ['a', 'b']) {
+        store.reserve(write(`/kv/${key}`));
+        store.keep(0, write(`/kv/${key}`));
+      }
+      store.deliver();
+      assert.equal(host.sent.length, 1, 'one try, then the back-off until the next tick');
+      assert.equal(store.pending, 2);
+    } finally {
+      store.close();
+    }
+  });
+
+  it('reserves room before a stand-in is used, drops hints past the window, and counts what a stop loses', () => {
     let now = 0;
     const host = new Handoff();
-    const store = new HintStore(host, 2, 1_000, 2_000, () => now);
-    store.keep(0, write('/kv/old'));
+    const store = new HintStore(host, 2, 1_000, 3_000, () => now);
+    const big = write('/kv/x', 'y'.repeat(1_000));
+    assert.ok(store.reserve(big));
+    assert.ok(store.reserve(big));
+    assert.ok(!store.reserve(big), 'two reserved fill the room: a third write gets no stand-in');
+    store.release(big);
+    store.keep(0, big);
+    assert.equal(store.bytesUsed, hintCost(big), 'one kept (its reservation taken up), one given back');
     now = 1_000;
     store.deliver();
     assert.deepEqual(host.events, ['stored', 'expired']);
-    assert.ok(store.hasRoom(write('/kv/x', 'y'.repeat(1_000))));
-    assert.ok(!store.hasRoom(write('/kv/x', 'y'.repeat(2_000))), 'a hint past the limit: no stand-in for it');
+    assert.ok(store.reserve(write('/kv/new')));
     store.keep(0, write('/kv/new'));
     assert.equal(store.close(), 1);
     assert.equal(host.events.at(-1), 'lost');
-    assert.ok(!store.hasRoom(write('/kv/x')), 'closed: nothing more is kept');
+    assert.ok(!store.reserve(write('/kv/x')), 'closed: nothing more is kept');
+    store.keep(0, write('/kv/late'));
+    assert.equal(host.events.filter((e) => e === 'stored').length, 2, 'a hint after the stop is not counted');
+  });
+});
+
+/** A hand-driven cluster for the fan-out: the test answers each attempt itself. */
+class Cluster extends Handoff implements ReplicaHost {
+  readonly regionOf: Int32Array;
+  readonly regionCount: number;
+  readonly clock = new VersionClock(1);
+  order: number[];
+  /** Nodes whose attempts fail inside send, provably unsent (a closed client, a bad path). */
+  failInside = new Set<number>();
+  counted: string[] = [];
+  constructor(
+    readonly ids: string[],
+    regions: number[] = ids.map(() => 0),
+    readonly localRegion = -1,
+  ) {
+    super();
+    this.routable = ids.map(() => true);
+    this.regionOf = Int32Array.from(regions);
+    this.regionCount = Math.max(...regions) + 1;
+    this.order = ids.map((_, i) => i);
+  }
+  get size(): number {
+    return this.ids.length;
+  }
+  membersFor(_key: string, out: Int32Array, limit: number): number {
+    const n = Math.min(limit, this.order.length);
+    for (let i = 0; i < n; i++) out[i] = this.order[i]!;
+    return n;
+  }
+  override send(sink: AttemptSink, node: number, ordinal: number, request: UpstreamRequest) {
+    const handle = super.send(sink, node, ordinal, request);
+    if (this.failInside.has(node)) sink.failed(ordinal, Object.assign(new Error('closed'), { unsent: true }));
+    return handle;
+  }
+  replicaCounted(event: string): void {
+    this.counted.push(event);
+  }
+  /** Answers the attempt sent to `id` (the latest one). */
+  answer(id: string, status: number, headers: [string, string][] = [], body = ''): void {
+    const sent = this.sent.filter((s) => this.ids[s.node] === id).at(-1)!;
+    const fields = HeaderFields.fromRaw(headers.flatMap(([n, v]) => [Buffer.from(n), Buffer.from(v)]));
+    sent.sink.answered(sent.ordinal, status, fields, Buffer.from(body), 1);
+  }
+  sentTo(id: string): number {
+    return this.sent.filter((s) => this.ids[s.node] === id).length;
+  }
+}
+
+class Owner implements ReplicatedOwner {
+  calls: ReplicatedCall[] = [];
+  replicated(call: ReplicatedCall): void {
+    this.calls.push(call);
+  }
+}
+
+function start(
+  cluster: Cluster,
+  settings: Partial<QuorumSettings>,
+  op: 'PUT' | 'GET',
+  body: string | null = 'v',
+  set = new ReplicaSet(cluster, { ...QUORUM, ...settings }),
+): { owner: Owner; set: ReplicaSet } {
+  const owner = new Owner();
+  set.call(owner, op === 'PUT' ? 1 : 0, op, '/kv/x', [], body === null ? null : Buffer.from(body)).begin('/kv/x');
+  return { owner, set };
+}
+
+describe('fan-out over a hand-driven cluster', () => {
+  it('a replica that fails inside send gets one stand-in, sent once; the answer waits for the quorum', () => {
+    const cluster = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    cluster.failInside.add(0);
+    const { owner, set } = start(cluster, {}, 'PUT');
+    assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => cluster.sentTo(id)), [1, 1, 1, 1, 0]);
+    assert.equal(cluster.sent.find((s) => cluster.ids[s.node] === 'd')!.request.headers.at(-1), 'a', 'd stands in for a');
+    assert.equal(owner.calls.length, 0);
+    cluster.answer('d', 204);
+    cluster.answer('b', 204);
+    assert.equal(owner.calls.length, 1);
+    assert.equal(owner.calls[0]!.status, 204);
+    assert.equal(set.hints.pending, 1, 'the stand-in acknowledged: a hint for a');
+  });
+
+  it('a write nothing could be sent for is a 503, not a 502', () => {
+    const cluster = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    for (let i = 0; i < 5; i++) cluster.failInside.add(i);
+    const { owner, set } = start(cluster, {}, 'PUT');
+    assert.equal(owner.calls.length, 1);
+    assert.equal(owner.calls[0]!.failure!.status, 503);
+    assert.equal(owner.calls[0]!.failure!.code, 'LF_ERR_NOT_SENT');
+    assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => cluster.sentTo(id)), [1, 1, 1, 1, 1], 'each once');
+    assert.equal(set.hints.bytesUsed, 0, 'no reservation left behind');
+  });
+
+  it('a read counts 200 and 404 only: 500s do not make a quorum, the next node is asked, and the newest wins', () => {
+    const cluster = new Cluster(['a', 'b', 'c', 'd']);
+    const { owner } = start(cluster, {}, 'GET', null);
+    cluster.answer('a', 500);
+    assert.equal(cluster.sentTo('d'), 0, 'b and c can still make two');
+    cluster.answer('b', 200, [['x-lakefront-version', '100']], 'v1');
+    cluster.answer('c', 500);
+    assert.equal(owner.calls.length, 0, 'one answer of two: a 500 is no answer');
+    assert.equal(cluster.sentTo('d'), 1, 'asked for the second');
+    cluster.answer('d', 200, [['x-lakefront-version', '200']], 'v2');
+    assert.equal(owner.calls.length, 1);
+    assert.equal(owner.calls[0]!.body!.toString(), 'v2');
+    // Repair goes to b (a replica with an older value), not to d (a node past the replicas).
+    const repairs = cluster.sent.filter((s) => s.request.method === 'PUT');
+    assert.deepEqual(repairs.map((s) => cluster.ids[s.node]), ['b']);
+  });
+
+  it('every replica refusing a read (a 4xx) is the answer', () => {
+    const cluster = new Cluster(['a', 'b', 'c']);
+    const { owner } = start(cluster, {}, 'GET', null);
+    for (const id of ['a', 'b', 'c']) cluster.answer(id, 401, [], '{"error":"who?"}');
+    assert.equal(owner.calls[0]!.status, 401);
+    assert.equal(owner.calls[0]!.failure, null);
+  });
+
+  it('local_quorum: a stand-in for a local replica comes from the local region when one is left', () => {
+    // Preference: e1, w1, w2 | w3, e2; the front door is in the east (0); e1 is down.
+    const cluster = new Cluster(['e1', 'w1', 'w2', 'w3', 'e2'], [0, 1, 1, 1, 0], 0);
+    cluster.routable[0] = false;
+    const { owner } = start(cluster, { consistency: 'local_quorum' }, 'PUT');
+    assert.equal(cluster.sentTo('e2'), 1, 'e2 stands in');
+    assert.equal(cluster.sentTo('w3'), 0);
+    cluster.answer('e2', 204);
+    assert.equal(owner.calls[0]!.status, 204);
+    assert.equal(owner.calls[0]!.acks, 1);
+  });
+
+  it('no member at all is a 503 at once (each_quorum too)', () => {
+    const cluster = new Cluster(['a', 'b', 'c']);
+    cluster.order = [];
+    const { owner } = start(cluster, { consistency: 'each_quorum' }, 'PUT');
+    assert.equal(owner.calls[0]!.failure!.status, 503);
+    assert.equal(cluster.sent.length, 0);
+  });
+
+  it('concurrent writes cannot reserve hints past the limit: the one without room gets no stand-in', () => {
+    const cluster = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    cluster.routable[0] = false;
+    const oneHint = hintCost(new UpstreamRequest('PUT', '/kv/x', ['x-lakefront-version', '1800000000000000001'], Buffer.from('v'))) + 10;
+    const settings = { w: 3, r: 1, maxHintBytes: oneHint };
+    const first = start(cluster, settings, 'PUT');
+    const second = start(cluster, settings, 'PUT', 'v', first.set); // one route: one hint store
+    assert.equal(first.owner.calls.length, 0, 'the first has its stand-in');
+    assert.equal(second.owner.calls[0]!.failure!.code, 'LF_ERR_QUORUM_UNAVAILABLE', 'the second cannot make w = 3');
   });
 });
 
@@ -350,6 +535,10 @@ describe('replicated route through the front door', () => {
       assert.equal(nodes.reduce((n, node) => n + node.hits(), 0), 0, 'nothing was sent');
       const read = await call(`${door.url}${key}`);
       assert.equal(read.status, 503);
+      // The same refusal to a HEAD has no body, and the connection goes on.
+      const { answers } = await inTurn(door.port, [`HEAD ${key} HTTP/1.1\r\nhost: x\r\n\r\n`, 'GET /health HTTP/1.1\r\nhost: x\r\n\r\n']);
+      assert.match(answers[0]!, /^HTTP\/1\.1 503 [^]*\r\n\r\n$/);
+      assert.match(answers[1] ?? '', /^HTTP\/1\.1 200 /);
     } finally {
       await setHealth(a!, true);
       await setHealth(b!, true);
@@ -498,7 +687,26 @@ describe('replicated route configuration', () => {
     refused({ quorum: {}, policy: 'rendezvous', keyHeader: 'x-k' }, /routes\[0\]\.policy: a replicated route places keys on the ring/);
     refused({ quorum: {}, operations: { reads: ['/kv/*'] } }, /routes\[0\]\.operations: does not apply to a replicated route/);
     refused({ quorum: { n: 2, extra: 1 } }, /quorum\.extra: unknown setting/);
+    refused({ quorum: { maxHintBytes: 0 } }, /quorum\.maxHintBytes: 0 keeps no hints/);
+    assert.ok(parseFileConfig(file({ quorum: { maxHintBytes: 0, sloppy: false } }), 'lf.json').routes[0]!.quorum);
     assert.ok(parseFileConfig(file({ quorum: { consistency: 'local_quorum' } }, { region: 'east' }), 'lf.json').routes[0]!.quorum);
+    const etcd = { clusters: [{ name: 'e', nodes: 'e1=http://127.0.0.1:1', preset: 'etcd' }], routes: [{ path: '/kv/*', cluster: 'e', quorum: {} }] };
+    assert.throws(() => parseFileConfig(etcd, 'lf.json'), /routes\[0\]\.quorum: cluster "e" is an etcd cluster, which replicates by itself/);
+  });
+
+  it('checks quorum settings given in code too', async () => {
+    const start = (quorum: QuorumSettings) =>
+      FrontDoor.start({
+        host: '127.0.0.1',
+        port: 0,
+        threads: 1,
+        clusters: [{ name: 'kv', members: [{ id: 'a', url: 'http://127.0.0.1:1' }] }],
+        routes: [{ pattern: '/kv/*', cluster: 'kv', policy: 'ring', keyHeader: null, quorum }],
+        healthIntervalMs: 60_000,
+        healthTimeoutMs: 100,
+        settings: defaultSettings(),
+      });
+    await assert.rejects(start({ ...QUORUM, n: 3 }), /route \/kv\/\*: quorum: n must be a whole number in 1\.\.1/);
   });
 
   it('refuses a bad node region', () => {

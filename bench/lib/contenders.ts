@@ -29,6 +29,8 @@ export interface UpstreamOptions {
   readonly stallP?: number;
   /** The nodes also echo WebSocket messages. */
   readonly websocket?: boolean;
+  /** Every answer carries this `x-lakefront-version` (replicas in step). */
+  readonly version?: string;
 }
 
 export async function startUpstream(options: UpstreamOptions = {}): Promise<Upstream> {
@@ -36,6 +38,7 @@ export async function startUpstream(options: UpstreamOptions = {}): Promise<Upst
   const args = [join(DIST, 'upstream.js'), '--ports', Array(count).fill(0).join(','), '--body-bytes', String(options.bodyBytes ?? 64)];
   if (options.stallP) args.push('--stall-ms', String(options.stallMs ?? 50), '--stall-p', String(options.stallP));
   if (options.websocket) args.push('--websocket');
+  if (options.version !== undefined) args.push('--version', options.version);
   const { proc, ready } = await spawnReady('upstream', process.execPath, args);
   return { proc, ports: ready.ports as number[] };
 }

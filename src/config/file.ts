@@ -173,12 +173,14 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
   }
   const hintWindowSeconds = whole('hintWindowSeconds', 1, 7 * 86_400);
   const maxHintBytes = whole('maxHintBytes', 0, 1024 * 1024 * 1024);
+  const sloppy = bool(value, 'sloppy', where) ?? true;
+  if (sloppy && maxHintBytes === 0) fail(`${where}.maxHintBytes`, '0 keeps no hints, so no stand-in could be used: set "sloppy": false instead');
   return {
     n,
     w,
     r,
     consistency,
-    sloppy: bool(value, 'sloppy', where) ?? true,
+    sloppy,
     hintWindowMs: hintWindowSeconds !== undefined ? hintWindowSeconds * 1000 : DEFAULT_HINT_WINDOW_MS,
     maxHintBytes: maxHintBytes ?? DEFAULT_MAX_HINT_BYTES,
   };
@@ -265,11 +267,11 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     }
     if (replicated) {
       // The replicas are the key's preference list on the ring; the path is the key by default.
-      if (policy !== 'ring') fail(`${where}.policy`, `a replicated route places keys on the ring: "ring", not ${JSON.stringify(policy)}`);
       for (const key of ['operations', 'affinity', 'hedge', 'failoverUnsent', 'preset']) {
         if (r[key] !== undefined) fail(`${where}.${key}`, 'does not apply to a replicated route (quorum): every request goes to the key\'s replicas');
       }
       if (preset !== undefined) fail(`${where}.quorum`, `cluster "${cluster}" is an ${preset} cluster, which replicates by itself`);
+      if (policy !== 'ring') fail(`${where}.policy`, `a replicated route places keys on the ring: "ring", not ${JSON.stringify(policy)}`);
     } else if ((policy === 'rendezvous' || policy === 'ring') && keyHeader === null) fail(`${where}.keyHeader`, `the ${policy} policy needs a key header`);
     return {
       ...base,

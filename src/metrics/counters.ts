@@ -29,7 +29,8 @@
  *                                when the tunnel ends)
  *  7              reserved
  *  8              quorumFailures replicated requests answered 502/503 for want of a quorum
- *  9              standIns       writes and reads sent to a stand-in for a replica that was down
+ *  9              standIns       writes and reads sent to a node past the key's replicas: a
+ *                                stand-in for one that was down, or a read's further node
  * 10              readRepairs    newer values sent to replicas that answered an older one
  * 11              hintsPending   hints kept for replicas that were down (a gauge)
  * 12              hintsDelivered hints their replica acknowledged

@@ -3,24 +3,31 @@
  * enough of them have answered (quorum.ts), with stand-ins for replicas that are down (sloppy
  * quorum, hints.ts) and read repair.
  *
- * Targets: the first `n` nodes of the key's preference list are its replicas. Each one the
- * membership table shows healthy is a target; each one it shows down is covered by the next
- * healthy node past the first `n` (a stand-in), when sloppy quorums are on. A write is sent to
- * every target once: the replicas get it with its version, a stand-in also with the id of the
- * replica it covers (`x-lakefront-hint-for`), and the front door keeps a hint to hand the write
- * to that replica when it is back. A write to a target that provably never left (connection
- * refused) goes to the next stand-in instead; one that may have reached its node is never sent
- * to another. A read goes to the same targets and, on any failure, to the next healthy node.
+ * Targets: the first `n` nodes of the key's preference list are its replicas (its homes). Each
+ * one the membership table shows healthy is a target; each one it shows down is covered by a
+ * healthy node past the first `n` (a stand-in: the next one on the ring, or for the region-aware
+ * levels the next one in the covered replica's region if there is one), when sloppy quorums are
+ * on. A write is sent to every target once: the replicas get it with its version, a stand-in
+ * also with the id of the replica it covers (`x-lakefront-hint-for`), and the front door keeps a
+ * hint to hand the write to that replica when it is back. A write to a target that provably never
+ * left (connection refused) goes to a stand-in instead; one that may have reached its node is
+ * never sent to another. A read goes to the same targets and, when one fails, to a further node.
+ *
+ * What counts: a write's 2xx; a read's 200, or 404 (no value, or a deletion). A 502/503/504, a
+ * read's other 5xx, and a transport failure are failures; any other answer is a refusal (a 4xx:
+ * the request itself is wrong), which does not count.
  *
  * Before anything is sent, a request whose targets could not meet its quorum even if all
  * answered is refused: 503, nothing written. After:
- * - a write is answered with the first acknowledgement (2xx) once enough have come; if that can
- *   no longer happen, 502 naming each replica's outcome (the write may be applied on the ones
- *   that acknowledged: no rollback), or the replicas' own refusal when every answer was a 4xx,
- *   or 503 when provably nothing was sent;
- * - a read is answered with the newest of the answers (highest `x-lakefront-version`) once
- *   enough have come. When every target has answered, a replica whose value was older is sent
- *   the newest (read repair): a PUT of its body, or a DELETE for a deletion, with its version.
+ * - the answer is a write's first acknowledgement, or the newest of a read's answers (highest
+ *   `x-lakefront-version`), once enough have come;
+ * - if that can no longer happen: the replicas' own refusal when nothing counted and (for a
+ *   write) nothing failed (every replica says the request is wrong), else 502 naming each
+ *   target's outcome (a write may be applied on the replicas that acknowledged: no rollback),
+ *   or 503 when provably nothing was sent.
+ * When every target of a read has answered, each replica (not a stand-in) whose value was older
+ * is sent the newest (read repair): a PUT of its body, or a DELETE for a deletion, with its
+ * version.
  *
  * Attempts are not cancelled when the answer is out: the write still lands on every target, and
  * the read's stragglers feed read repair. Each ends by the request timeout at the latest.
@@ -41,11 +48,11 @@ const OP_WRITE = 1;
 export interface ReplicaHost extends HandoffHost {
   readonly ids: readonly string[];
   readonly size: number;
-  /** The key's preference list over the members, healthy or not; returns how many. */
-  membersFor(key: string, out: Int32Array): number;
+  /** The key's preference list over the members, healthy or not, at most `limit`; returns how many. */
+  membersFor(key: string, out: Int32Array, limit: number): number;
   /** Region index per node (nodes without a region share one). */
   readonly regionOf: Int32Array;
-  /** Region index of the front door's region, or -1 when no node is in it. */
+  /** Region index of the front door's region, or -1 (none, or no node in it). */
   readonly localRegion: number;
   readonly regionCount: number;
   readonly clock: VersionClock;
@@ -64,11 +71,18 @@ export interface ReplicatedFailure {
   readonly replicas: { node: string; outcome: string; standInFor?: string }[];
 }
 
+/**
+ * Request headers a replicated read does not pass on: the front door picks the newest of whole
+ * values, so the replicas must answer whole (a 304 or a 206 carries no value to compare or to
+ * repair with). A proxy may ignore them; the client gets a full 200.
+ */
+const READ_DROPS: ReadonlySet<string> = new Set(['range', 'if-range', 'if-match', 'if-none-match', 'if-modified-since', 'if-unmodified-since']);
+
 // Target states.
 const RUNNING = 0;
-/** Counted: a write's 2xx, a read's answer (anything but 502/503/504). */
+/** Counted toward the quorum: a write's 2xx, a read's 200 or 404. */
 const COUNTED = 1;
-/** A write answered with anything but 2xx (or a gateway failure). */
+/** Answered with a client error (or, for a write, any other status): does not count. */
 const REFUSED = 2;
 const FAILED = 3;
 const NOT_SENT = 4;
@@ -76,12 +90,15 @@ const NOT_SENT = 4;
 /** One replicated route in one worker: its settings, its hints, its cluster. */
 export class ReplicaSet {
   readonly hints: HintStore;
+  /** Preference list entries a request looks at: its replicas and as many stand-ins, and two more. */
+  readonly walk: number;
 
   constructor(
     readonly host: ReplicaHost,
     readonly settings: QuorumSettings,
   ) {
     this.hints = new HintStore(host, host.size, settings.hintWindowMs, settings.maxHintBytes);
+    this.walk = Math.min(host.size, 2 * settings.n + 2);
   }
 
   /**
@@ -102,27 +119,34 @@ export class ReplicatedCall implements AttemptSink {
   body: Buffer | null = null;
   /** Node whose answer is relayed. */
   servedBy = -1;
-  /** Targets counted when the answer was decided, and how many were needed. */
+  /** Targets counted when the answer was decided. */
   acks = 0;
   failure: ReplicatedFailure | null = null;
 
   private readonly list: Int32Array;
   private listCount = 0;
-  private nextFallback = 0;
+  private homes = 0;
+  /** Per node: already a target of this request. */
+  private readonly used: Uint8Array;
   private readonly requirement: Requirement;
   private readonly targets: number[] = [];
-  /** Per target: the replica it stands in for, or -1. */
+  /** Per target: one of the key's replicas (else a stand-in or a further node). */
+  private readonly isHome: boolean[] = [];
+  /** Per target: the replica a write's stand-in covers (its hint's bytes are reserved), or -1. */
   private readonly standInFor: number[] = [];
   private readonly states: number[] = [];
   private readonly handles: (AttemptHandle | null)[] = [];
-  /** Reads: per target, the version it answered ('' for none) and its status. */
+  /** Reads: per target, the version it answered ('' for none). */
   private readonly versions: string[] = [];
   private readonly statuses: number[] = [];
   private running = 0;
+  /** Inside `begin`: outcomes wait for every first target to be launched. */
+  private beginning = false;
   /** The request as a replica gets it (a write with its version). */
   private readonly request: UpstreamRequest;
-  private readonly version: string;
-  /** A read's newest answer so far (its target), or a write's first refusal. */
+  /** The same with a body of its own, for hints (a client body may share a pooled slab). */
+  private hinted: UpstreamRequest | null = null;
+  /** A read's newest answer so far, or a write's first acknowledgement; else the first refusal. */
   private kept = -1;
   private keptHeaders: HeaderFields | null = null;
   private keptBody: Buffer | null = null;
@@ -137,16 +161,17 @@ export class ReplicatedCall implements AttemptSink {
     body: Buffer | null,
   ) {
     const host = set.host;
-    this.list = new Int32Array(host.size);
+    this.list = new Int32Array(set.walk);
+    this.used = new Uint8Array(host.size);
     this.requirement = new Requirement(host.regionCount);
     // Versions and hints are the front door's to say: a client's are dropped.
     const headers: string[] = [];
     for (let i = 0; i < clientHeaders.length; i += 2) {
       const name = clientHeaders[i]!;
-      if (name !== VERSION_HEADER && name !== HINT_HEADER) headers.push(name, clientHeaders[i + 1]!);
+      if (name === VERSION_HEADER || name === HINT_HEADER || (op === OP_READ && READ_DROPS.has(name))) continue;
+      headers.push(name, clientHeaders[i + 1]!);
     }
-    this.version = op === OP_WRITE ? host.clock.next() : '';
-    if (op === OP_WRITE) headers.push(VERSION_HEADER, this.version);
+    if (op === OP_WRITE) headers.push(VERSION_HEADER, host.clock.next());
     this.request = new UpstreamRequest(method, path, headers, body);
   }
 
@@ -158,91 +183,123 @@ export class ReplicatedCall implements AttemptSink {
   /** Sends the request to the replicas of `key` (or refuses it: see the module comment). */
   begin(key: string): void {
     const { host, settings } = this.set;
-    const count = (this.listCount = host.membersFor(key, this.list));
-    const homes = Math.min(settings.n, count);
-    this.nextFallback = homes;
+    const count = (this.listCount = host.membersFor(key, this.list, this.list.length));
+    const homes = (this.homes = Math.min(settings.n, count));
     const write = this.op === OP_WRITE;
     this.requirement.set(settings.consistency, write ? settings.w : settings.r, this.list, homes, host.regionOf, host.localRegion);
+    for (let i = 0; i < homes; i++) this.used[this.list[i]!] = 1;
     for (let i = 0; i < homes; i++) {
       const node = this.list[i]!;
-      if (host.isRoutable(node)) this.addTarget(node, -1);
+      if (host.isRoutable(node)) this.addTarget(node, true, -1);
       else if (settings.sloppy) this.standIn(node);
     }
-    if (!this.requirement.possible) {
-      this.decideFailure(
-        ErrorCodes.QUORUM_UNAVAILABLE,
-        503,
-        `${this.targets.length} of this key's ${homes} replicas can be reached (stand-ins included) and ${this.op === OP_WRITE ? 'a write' : 'a read'} needs ${this.requirement.required}: nothing was sent`,
-      );
+    if (this.targets.length === 0 || !this.requirement.possible) {
+      // Nothing is sent: give back what the stand-ins reserved.
+      for (let i = 0; i < this.targets.length; i++) if (this.standInFor[i]! >= 0) this.set.hints.release(this.request);
+      const reach = `${this.targets.length} of this key's ${homes} replica${homes === 1 ? '' : 's'} can be reached (stand-ins included)`;
+      this.decideFailure(ErrorCodes.QUORUM_UNAVAILABLE, 503, `${reach} and ${write ? 'a write' : 'a read'} needs ${this.requirement.required}${this.requirement.required > 1 ? ' of them' : ''} here: nothing was sent`);
       return;
     }
-    for (let i = 0; i < this.targets.length; i++) this.launch(i);
+    // An attempt may fail inside `send` (and a write's stand-in be launched from there): the
+    // outcome is judged once every first target is out.
+    this.beginning = true;
+    const first = this.targets.length;
+    for (let i = 0; i < first; i++) this.launch(i);
+    this.beginning = false;
+    this.check();
   }
 
   /**
-   * Covers `home` with the next healthy node past the replicas: for a write, only if a hint for
-   * it can be kept. Returns whether a stand-in was found.
+   * Covers `home` with a healthy node past the replicas (for a write, only with room reserved
+   * for its hint). Returns whether one was found.
    */
   private standIn(home: number): boolean {
     const write = this.op === OP_WRITE;
-    if (write && !this.set.hints.hasRoom(this.request)) return false;
-    const host = this.set.host;
-    while (this.nextFallback < this.listCount) {
-      const node = this.list[this.nextFallback++]!;
-      if (!host.isRoutable(node)) continue;
-      this.addTarget(node, write ? home : -1);
-      return true;
+    if (write && !this.set.hints.reserve(this.request)) return false;
+    const node = this.fallback(this.set.host.regionOf[home]!);
+    if (node < 0) {
+      if (write) this.set.hints.release(this.request);
+      return false;
     }
-    return false;
+    this.addTarget(node, false, write ? home : -1);
+    return true;
   }
 
-  private addTarget(node: number, standInFor: number): number {
+  /**
+   * The next healthy node past the replicas not yet a target; for the region-aware levels, the
+   * next one in `region` if there is one (a stand-in elsewhere may not count where it is needed).
+   */
+  private fallback(region: number): number {
+    const host = this.set.host;
+    const prefer = this.set.settings.consistency !== 'quorum';
+    let first = -1;
+    for (let i = this.homes; i < this.listCount; i++) {
+      const node = this.list[i]!;
+      if (this.used[node] !== 0 || !host.isRoutable(node)) continue;
+      if (!prefer || host.regionOf[node] === region) {
+        first = node;
+        break;
+      }
+      if (first < 0) first = node;
+    }
+    if (first >= 0) this.used[first] = 1;
+    return first;
+  }
+
+  private addTarget(node: number, home: boolean, standInFor: number): number {
     this.targets.push(node);
+    this.isHome.push(home);
     this.standInFor.push(standInFor);
     this.states.push(RUNNING);
     this.handles.push(null);
     this.versions.push('');
     this.statuses.push(0);
+    this.running++;
     this.requirement.add(this.set.host.regionOf[node]!);
     return this.targets.length - 1;
   }
 
   private launch(ordinal: number): void {
+    if (this.handles[ordinal] !== null || this.states[ordinal] !== RUNNING) return;
+    const host = this.set.host;
     const covered = this.standInFor[ordinal]!;
     let request = this.request;
-    if (covered >= 0) {
-      request = new UpstreamRequest(request.method, request.path, [...request.headers, HINT_HEADER, this.set.host.ids[covered]!], request.body);
-      this.set.host.replicaCounted('standIn');
-    }
-    this.running++;
+    if (covered >= 0) request = new UpstreamRequest(request.method, request.path, [...request.headers, HINT_HEADER, host.ids[covered]!], request.body);
+    if (!this.isHome[ordinal]) host.replicaCounted('standIn');
     this.launchedAt = performance.now();
-    this.handles[ordinal] = this.set.host.send(this, this.targets[ordinal]!, ordinal, request);
+    const handle = host.send(this, this.targets[ordinal]!, ordinal, request);
+    // A failure inside `send` has already ended the attempt: keep no handle to abort.
+    if (this.states[ordinal] === RUNNING) this.handles[ordinal] = handle;
   }
 
   answered(ordinal: number, status: number, headers: unknown, body: Buffer): void {
     if (this.states[ordinal] !== RUNNING) return;
     this.running--;
+    const write = this.op === OP_WRITE;
     const fields = headers as HeaderFields;
     const region = this.set.host.regionOf[this.targets[ordinal]!]!;
     this.statuses[ordinal] = status;
-    if (isGatewayFailure(status)) {
-      this.states[ordinal] = FAILED;
-      this.requirement.settle(region, false);
-      if (this.op === OP_READ) this.retryRead();
-    } else if (this.op === OP_WRITE) {
-      const ok = status >= 200 && status < 300;
-      this.states[ordinal] = ok ? COUNTED : REFUSED;
-      this.requirement.settle(region, ok);
-      const covered = this.standInFor[ordinal]!;
-      if (ok && covered >= 0) this.set.hints.keep(covered, this.request);
-      // The first acknowledgement is the answer; failing that, the first refusal.
-      if (this.kept < 0 || (ok && this.states[this.kept] !== COUNTED)) this.keep(ordinal, fields, body);
-    } else {
-      this.states[ordinal] = COUNTED;
-      this.requirement.settle(region, true);
-      const version = status === 200 || status === 404 ? (fields.find(VERSION_HEADER) ?? '') : '';
+    let state: number;
+    if (isGatewayFailure(status) || (!write && status >= 500)) state = FAILED;
+    else if (write ? status >= 200 && status < 300 : status === 200 || status === 404) state = COUNTED;
+    else state = REFUSED;
+    this.states[ordinal] = state;
+    this.requirement.settle(region, state === COUNTED);
+    const covered = this.standInFor[ordinal]!;
+    if (covered >= 0) {
+      if (state === COUNTED) this.set.hints.keep(covered, this.hintRequest());
+      else this.set.hints.release(this.request);
+    }
+    if (state === FAILED) {
+      if (!write) this.retryRead(region);
+    } else if (state === COUNTED) {
+      const version = write ? '' : (fields.find(VERSION_HEADER) ?? '');
       this.versions[ordinal] = version;
-      if (this.kept < 0 || compareVersions(version, this.versions[this.kept]!) > 0) this.keep(ordinal, fields, body);
+      const kept = this.kept;
+      // A write's first acknowledgement; a read's newest answer.
+      if (kept < 0 || this.states[kept] !== COUNTED || (!write && compareVersions(version, this.versions[kept]!) > 0)) this.keep(ordinal, fields, body);
+    } else if (this.kept < 0) {
+      this.keep(ordinal, fields, body);
     }
     this.check();
   }
@@ -252,12 +309,14 @@ export class ReplicatedCall implements AttemptSink {
     this.running--;
     const unsent = isUnsent(error);
     this.states[ordinal] = unsent ? NOT_SENT : FAILED;
-    this.requirement.settle(this.set.host.regionOf[this.targets[ordinal]!]!, false);
-    if (this.op === OP_READ) this.retryRead();
+    const region = this.set.host.regionOf[this.targets[ordinal]!]!;
+    this.requirement.settle(region, false);
+    const covered = this.standInFor[ordinal]!;
+    if (covered >= 0) this.set.hints.release(this.request);
+    if (this.op === OP_READ) this.retryRead(region);
     else if (unsent && this.set.settings.sloppy) {
       // Nothing reached the node: the write may go to a stand-in for the replica it was for.
-      const covered = this.standInFor[ordinal]! >= 0 ? this.standInFor[ordinal]! : this.targets[ordinal]!;
-      if (this.standIn(covered)) this.launch(this.targets.length - 1);
+      if (this.standIn(covered >= 0 ? covered : this.targets[ordinal]!)) this.launch(this.targets.length - 1);
     }
     this.check();
   }
@@ -276,16 +335,27 @@ export class ReplicatedCall implements AttemptSink {
     }
   }
 
-  /** A read lost a target: ask the next healthy node, if the quorum still needs one. */
-  private retryRead(): void {
-    if (this.done || this.requirement.possible) return;
-    const host = this.set.host;
-    while (this.nextFallback < this.listCount) {
-      const node = this.list[this.nextFallback++]!;
-      if (!host.isRoutable(node)) continue;
-      this.launch(this.addTarget(node, -1));
-      if (this.requirement.possible) return;
+  /** A read lost a target (in `region`): ask further nodes while the quorum needs them. */
+  private retryRead(region: number): void {
+    while (!this.done && !this.requirement.possible) {
+      const node = this.fallback(region);
+      if (node < 0) return;
+      const ordinal = this.addTarget(node, false, -1);
+      if (!this.beginning) this.launch(ordinal);
     }
+  }
+
+  private hintRequest(): UpstreamRequest {
+    if (this.hinted === null) {
+      const { method, path, headers, body } = this.request;
+      let own: Buffer | null = null;
+      if (body !== null) {
+        own = Buffer.allocUnsafeSlow(body.length);
+        body.copy(own);
+      }
+      this.hinted = new UpstreamRequest(method, path, headers, own);
+    }
+    return this.hinted;
   }
 
   private keep(ordinal: number, fields: HeaderFields, body: Buffer): void {
@@ -295,55 +365,14 @@ export class ReplicatedCall implements AttemptSink {
   }
 
   private check(): void {
+    if (this.beginning) return;
     if (!this.done) {
       if (this.requirement.met) this.decideAnswer();
       else if (!this.requirement.possible && !this.mayAllRefuse()) this.decideShortfall();
     }
+    // Launched late (from `retryRead` inside `begin`): out now.
+    for (let i = 0; i < this.targets.length; i++) if (this.handles[i] === null && this.states[i] === RUNNING) this.launch(i);
     if (this.running === 0 && this.op === OP_READ) this.repair();
-  }
-
-  private counted(): number {
-    let n = 0;
-    for (let i = 0; i < this.states.length; i++) if (this.states[i] === COUNTED) n++;
-    return n;
-  }
-
-  private decideAnswer(): void {
-    this.done = true;
-    this.acks = this.counted();
-    this.servedBy = this.targets[this.kept]!;
-    this.status = this.statuses[this.kept]!;
-    this.headers = this.keptHeaders;
-    this.body = this.keptBody;
-    this.owner.replicated(this);
-  }
-
-  /**
-   * A write that some replicas refused (4xx) and none acknowledged or failed: if the rest refuse
-   * it too, their refusal is the answer, so wait for them.
-   */
-  private mayAllRefuse(): boolean {
-    return this.op === OP_WRITE && this.running > 0 && this.countState(REFUSED) > 0 && this.countState(COUNTED) === 0 && this.countState(FAILED) === 0;
-  }
-
-  private decideShortfall(): void {
-    const write = this.op === OP_WRITE;
-    const counted = this.countState(COUNTED);
-    const refused = this.countState(REFUSED);
-    const sent = this.countState(NOT_SENT) < this.states.length;
-    if (write && counted === 0 && refused > 0 && this.countState(FAILED) === 0) {
-      // Every replica that got the write refused it (a 4xx): their answer is the answer.
-      this.decideAnswer();
-      return;
-    }
-    const required = this.requirement.required;
-    if (!sent) {
-      this.decideFailure(ErrorCodes.NOT_SENT, 503, `no replica of this key could be reached: nothing was ${write ? 'written' : 'read'}`);
-    } else if (write) {
-      this.decideFailure(ErrorCodes.QUORUM_FAILED, 502, `${counted} of the ${required} acknowledgements the write needs came back; it may be applied on the replicas that acknowledged`);
-    } else {
-      this.decideFailure(ErrorCodes.QUORUM_FAILED, 502, `${counted} of the ${required} answers the read needs came back`);
-    }
   }
 
   private countState(state: number): number {
@@ -352,9 +381,49 @@ export class ReplicatedCall implements AttemptSink {
     return n;
   }
 
+  /**
+   * Nothing counted and some targets refused: if the rest refuse too, their refusal is the answer,
+   * so wait for them. (A failed write may have landed: not then.)
+   */
+  private mayAllRefuse(): boolean {
+    return this.running > 0 && this.refusalStands();
+  }
+
+  private refusalStands(): boolean {
+    return this.countState(REFUSED) > 0 && this.countState(COUNTED) === 0 && (this.op === OP_READ || this.countState(FAILED) === 0);
+  }
+
+  private decideAnswer(): void {
+    this.done = true;
+    this.acks = this.countState(COUNTED);
+    this.servedBy = this.targets[this.kept]!;
+    this.status = this.statuses[this.kept]!;
+    this.headers = this.keptHeaders;
+    this.body = this.keptBody;
+    this.owner.replicated(this);
+  }
+
+  private decideShortfall(): void {
+    if (this.refusalStands()) {
+      // Every target that answered refused the request (a 4xx): their answer is the answer.
+      this.decideAnswer();
+      return;
+    }
+    const write = this.op === OP_WRITE;
+    const counted = this.countState(COUNTED);
+    const required = this.requirement.required;
+    if (this.countState(NOT_SENT) === this.states.length) {
+      this.decideFailure(ErrorCodes.NOT_SENT, 503, `no replica of this key could be reached: nothing was ${write ? 'written' : 'read'}`);
+    } else if (write) {
+      this.decideFailure(ErrorCodes.QUORUM_FAILED, 502, `${counted} of the ${required} acknowledgements the write needs came back; it may be applied on the replicas that acknowledged`);
+    } else {
+      this.decideFailure(ErrorCodes.QUORUM_FAILED, 502, `${counted} of the ${required} answers the read needs came back`);
+    }
+  }
+
   private decideFailure(code: string, status: number, message: string): void {
     this.done = true;
-    this.acks = this.counted();
+    this.acks = this.countState(COUNTED);
     const ids = this.set.host.ids;
     const replicas = this.targets.map((node, i) => {
       const covered = this.standInFor[i]!;
@@ -368,7 +437,7 @@ export class ReplicatedCall implements AttemptSink {
   private outcomeOf(i: number): string {
     switch (this.states[i]) {
       case RUNNING:
-        return 'no answer yet';
+        return this.handles[i] === null ? 'not sent' : 'no answer yet';
       case COUNTED:
         return this.op === OP_WRITE ? `acknowledged ${this.statuses[i]}` : `answered ${this.statuses[i]}`;
       case REFUSED:
@@ -382,19 +451,20 @@ export class ReplicatedCall implements AttemptSink {
 
   /**
    * Every target has answered: send the newest value to the replicas that answered an older one.
-   * Only a full answer (200, or 404 for a deletion) with a version is a value to repair with.
+   * Only a full answer (200, or 404 for a deletion) with a version is a value to repair with, and
+   * only the key's replicas are repaired (a node past them would keep a copy later writes miss).
    */
   private repair(): void {
     const newest = this.kept;
-    if (newest < 0 || this.request.method === 'HEAD') return;
+    if (newest < 0 || this.states[newest] !== COUNTED || this.request.method === 'HEAD') return;
     const version = this.versions[newest]!;
     const status = this.statuses[newest]!;
-    if (version === '' || (status !== 200 && status !== 404)) return;
+    if (version === '') return;
     const fields = this.keptHeaders!;
     if (status === 200 && (fields.find('content-encoding') !== null || fields.find('content-range') !== null)) return;
     let repair: UpstreamRequest | null = null;
     for (let i = 0; i < this.targets.length; i++) {
-      if (this.states[i] !== COUNTED || (this.statuses[i] !== 200 && this.statuses[i] !== 404)) continue;
+      if (!this.isHome[i] || this.states[i] !== COUNTED) continue;
       if (compareVersions(this.versions[i]!, version) >= 0) continue;
       repair ??= this.repairRequest(status, version);
       this.set.host.replicaCounted('repair');
@@ -408,8 +478,13 @@ export class ReplicatedCall implements AttemptSink {
     const type = this.keptHeaders!.find('content-type');
     if (status === 200 && type !== null) headers.push('content-type', type);
     // A node that checks who writes checks repairs too: the reader's credentials go with them.
-    const auth = this.request.headers.indexOf('authorization');
-    if (auth >= 0 && auth % 2 === 0) headers.push('authorization', this.request.headers[auth + 1]!);
+    const client = this.request.headers;
+    for (let i = 0; i < client.length; i += 2) {
+      if (client[i] === 'authorization') {
+        headers.push('authorization', client[i + 1]!);
+        break;
+      }
+    }
     return status === 200 ? new UpstreamRequest('PUT', this.path, headers, this.keptBody) : new UpstreamRequest('DELETE', this.path, headers, null);
   }
 }

@@ -7,11 +7,16 @@
  *
  * A hint is the write as the replica would have had it, same version: delivering it twice, or
  * after a newer write, changes nothing on a replica that keeps the highest version. It is kept
- * for `hintWindowMs`; one that the replica answers with a client error (4xx) is dropped.
+ * for `hintWindowMs`; one that the replica refuses with a client error (4xx but 408 and 429) is
+ * dropped; any other answer or failure is retried on the next tick.
+ *
+ * Memory is bounded by `maxBytes`: a stand-in is only used once its hint's bytes are reserved
+ * (`reserve`), so concurrent writes cannot overshoot the bound between choosing a stand-in and
+ * its acknowledgement.
  */
 import type { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
-import { isGatewayFailure, type AttemptHandle } from '../forward/exchange.js';
+import type { AttemptHandle } from '../forward/exchange.js';
 import type { AttemptSink, UpstreamRequest } from '../forward/upstream.js';
 
 /** What the store needs of its cluster. */
@@ -27,10 +32,15 @@ export interface HandoffHost {
 /** `lost`: forgotten as the worker stopped. */
 export type HintEvent = 'stored' | 'delivered' | 'expired' | 'refused' | 'lost';
 
+const WAITING = 0;
+const SENDING = 1;
+const DONE = 2;
+
 interface Hint {
   readonly request: UpstreamRequest;
   readonly bytes: number;
   readonly expiresAt: number;
+  state: number;
 }
 
 /** Hints handed to one replica at a time, at most. */
@@ -39,10 +49,15 @@ const DELIVERIES_PER_NODE = 4;
 export const HANDOFF_RETRY_MS = 1_000;
 
 /** A hint's rough cost in memory: the body, the header strings and the objects around them. */
-function costOf(request: UpstreamRequest): number {
+export function hintCost(request: UpstreamRequest): number {
   let bytes = 256 + (request.body?.length ?? 0) + request.path.length;
   for (const h of request.headers) bytes += h.length;
   return bytes;
+}
+
+/** Whether a replica's answer to a hint drops it: a client error, but not a timeout or a throttle. */
+function refuses(status: number): boolean {
+  return status >= 400 && status < 500 && status !== 408 && status !== 429;
 }
 
 class Delivery implements AttemptSink {
@@ -56,7 +71,7 @@ class Delivery implements AttemptSink {
   ) {}
 
   answered(_ordinal: number, status: number, _headers: unknown, _body: Buffer): void {
-    this.store.delivered(this, isGatewayFailure(status) ? 'retry' : status >= 200 && status < 300 ? 'delivered' : 'refused');
+    this.store.delivered(this, status >= 200 && status < 300 ? 'delivered' : refuses(status) ? 'refused' : 'retry');
   }
 
   failed(): void {
@@ -65,13 +80,15 @@ class Delivery implements AttemptSink {
 }
 
 export class HintStore {
-  /** Per replica, hints oldest first (the head is at `heads[node]`). */
+  /** Per replica, hints oldest first; entries before `heads[node]` are done. */
   private readonly queues: Hint[][];
   private readonly heads: Int32Array;
   private readonly inflight: Int32Array;
   /** Per replica: a delivery failed; wait for the next tick before trying again. */
   private readonly backoff: Uint8Array;
   private bytes = 0;
+  /** Bytes set aside for stand-ins still running. */
+  private reserved = 0;
   private count = 0;
   private timer: NodeJS.Timeout | null = null;
   private closed = false;
@@ -95,15 +112,36 @@ export class HintStore {
     return this.count;
   }
 
-  /** Whether a hint for `request` would be kept: if not, no stand-in is used for it. */
-  hasRoom(request: UpstreamRequest): boolean {
-    return !this.closed && this.bytes + costOf(request) <= this.maxBytes;
+  /** Bytes held by hints and set aside for them. */
+  get bytesUsed(): number {
+    return this.bytes + this.reserved;
   }
 
-  /** Keeps a hint: `request` (the write as `node` should have had it) for `node`. */
+  /**
+   * Sets aside room for a hint of `request` before a stand-in is sent it; false when there is
+   * none (then no stand-in is used). Each reservation ends in `keep` or `release`.
+   */
+  reserve(request: UpstreamRequest): boolean {
+    const cost = hintCost(request);
+    if (this.closed || this.bytes + this.reserved + cost > this.maxBytes) return false;
+    this.reserved += cost;
+    return true;
+  }
+
+  /** The stand-in did not acknowledge: its reservation is given back. */
+  release(request: UpstreamRequest): void {
+    this.reserved -= hintCost(request);
+  }
+
+  /**
+   * Keeps a hint: `request` (the write as `node` should have had it) for `node`, in the room
+   * `reserve` set aside for it.
+   */
   keep(node: number, request: UpstreamRequest): void {
-    const bytes = costOf(request);
-    this.queues[node]!.push({ request, bytes, expiresAt: this.now() + this.windowMs });
+    const bytes = hintCost(request);
+    this.reserved -= bytes;
+    if (this.closed) return;
+    this.queues[node]!.push({ request, bytes, expiresAt: this.now() + this.windowMs, state: WAITING });
     this.bytes += bytes;
     this.count++;
     this.host.hintCounted('stored');
@@ -116,8 +154,7 @@ export class HintStore {
     const now = this.now();
     for (let node = 0; node < this.queues.length; node++) {
       this.expire(node, now);
-      if (this.backoff[node] !== 0 || !this.host.isRoutable(node)) continue;
-      this.sendMore(node);
+      if (this.backoff[node] === 0 && this.host.isRoutable(node)) this.sendMore(node);
     }
   }
 
@@ -127,16 +164,16 @@ export class HintStore {
     const { node, hint } = delivery;
     this.inflight[node]!--;
     if (outcome === 'retry') {
-      // Back in front of the queue: it is still the oldest. Try again on the next tick.
-      const queue = this.queues[node]!;
-      if (this.heads[node]! > 0) queue[--this.heads[node]!] = hint;
-      else queue.unshift(hint);
+      // It keeps its place (the oldest first); tried again on the next tick.
+      hint.state = WAITING;
       this.backoff[node] = 1;
       this.arm();
       return;
     }
+    hint.state = DONE;
     this.drop(hint, outcome);
-    if (!this.closed && this.backoff[node] === 0 && this.host.isRoutable(node)) this.sendMore(node);
+    this.advance(node);
+    if (this.backoff[node] === 0 && this.host.isRoutable(node)) this.sendMore(node);
   }
 
   /** Forgets every hint (the worker is stopping); returns how many were still waiting. */
@@ -153,10 +190,11 @@ export class HintStore {
 
   private sendMore(node: number): void {
     const queue = this.queues[node]!;
-    while (this.inflight[node]! < DELIVERIES_PER_NODE && this.heads[node]! < queue.length) {
-      const hint = queue[this.heads[node]!]!;
-      queue[this.heads[node]!++] = undefined as unknown as Hint;
-      this.compact(node);
+    // Stops at a failed delivery too: it sets the back-off, even when it fails inside `send`.
+    for (let i = this.heads[node]!; i < queue.length && this.inflight[node]! < DELIVERIES_PER_NODE && this.backoff[node] === 0; i++) {
+      const hint = queue[i]!;
+      if (hint.state !== WAITING) continue;
+      hint.state = SENDING;
       this.inflight[node]!++;
       const delivery = new Delivery(this, node, hint);
       delivery.launchedAt = performance.now();
@@ -164,27 +202,32 @@ export class HintStore {
     }
   }
 
+  /** Drops the waiting hints at the head of `node`'s queue whose window has passed. */
   private expire(node: number, now: number): void {
     const queue = this.queues[node]!;
-    while (this.heads[node]! < queue.length && queue[this.heads[node]!]!.expiresAt <= now) {
-      const hint = queue[this.heads[node]!]!;
-      queue[this.heads[node]!++] = undefined as unknown as Hint;
+    for (let i = this.heads[node]!; i < queue.length; i++) {
+      const hint = queue[i]!;
+      if (hint.expiresAt > now) break;
+      if (hint.state !== WAITING) continue;
+      hint.state = DONE;
       this.drop(hint, 'expired');
     }
-    this.compact(node);
+    this.advance(node);
   }
 
-  /** Drops the delivered prefix once it is most of the queue (amortised O(1) per hint). */
-  private compact(node: number): void {
+  /** Moves the head past finished hints; drops them from the array once they are most of it. */
+  private advance(node: number): void {
     const queue = this.queues[node]!;
-    const head = this.heads[node]!;
+    let head = this.heads[node]!;
+    while (head < queue.length && queue[head]!.state === DONE) head++;
     if (head === queue.length) {
       queue.length = 0;
-      this.heads[node] = 0;
+      head = 0;
     } else if (head > 64 && head * 2 > queue.length) {
       queue.splice(0, head);
-      this.heads[node] = 0;
+      head = 0;
     }
+    this.heads[node] = head;
   }
 
   private drop(hint: Hint, outcome: 'delivered' | 'refused' | 'expired'): void {

@@ -51,6 +51,21 @@ export function majority(count: number): number {
 }
 
 /**
+ * What is wrong with `settings` for a cluster of `size` nodes, or null: the checks the
+ * configuration file makes, for settings given in code.
+ */
+export function quorumProblem(settings: QuorumSettings, size: number): string | null {
+  const { n, w, r } = settings;
+  if (!Number.isInteger(n) || n < 1 || n > size) return `n must be a whole number in 1..${size} (the cluster's nodes), got ${n}`;
+  if (!Number.isInteger(w) || w < 1 || w > n) return `w must be a whole number in 1..${n}, got ${w}`;
+  if (!Number.isInteger(r) || r < 1 || r > n) return `r must be a whole number in 1..${n}, got ${r}`;
+  if (settings.consistency === 'quorum' && w + r <= n) return `w + r must exceed n (${w} + ${r} <= ${n}): a read could miss the latest acknowledged write`;
+  if (!CONSISTENCY_LEVELS.includes(settings.consistency)) return `unknown consistency ${JSON.stringify(settings.consistency)} (known: ${CONSISTENCY_LEVELS.join(', ')})`;
+  if (settings.sloppy && settings.maxHintBytes <= 0) return 'maxHintBytes 0 keeps no hints, so no stand-in could be used: set "sloppy": false instead';
+  return null;
+}
+
+/**
  * What one request needs: `need[s]` answers from scope `s`, where scope 0 is every region and
  * scope 1 + g is region g. Built per request from the key's replicas (their regions vary by key).
  */
@@ -129,22 +144,25 @@ export class Requirement {
 }
 
 /**
- * Versions are decimal integers below 2^63 (an int64 for the replicas): microseconds since the
- * epoch times 1000, plus the stamping thread's slot (1-999) so that two threads never stamp the
- * same version. Strictly increasing per thread. Replicas keep the highest version they are sent
- * (last write wins); the front doors' clocks order writes to one key, so keep them in sync.
+ * Versions are decimal integers below 2^63 (an int64 for the replicas): the wall clock in
+ * microseconds (milliseconds times 1000, counting up within a millisecond) times 1000, plus a
+ * stamp of the thread: the process's random salt plus the thread's slot, modulo 1000, so that
+ * the threads of one process never stamp the same version and two front doors rarely do (for one
+ * key, in one microsecond). Strictly increasing per thread, even when the wall clock steps back.
+ * Replicas keep the highest version they are sent (last write wins): the front doors' clocks
+ * order writes to one key, so keep them in sync (NTP).
  */
 export class VersionClock {
   private lastUs = 0;
   private readonly suffix: string;
 
-  constructor(slot: number, private readonly nowMs: () => number = () => performance.timeOrigin + performance.now()) {
-    if (!Number.isInteger(slot) || slot < 0 || slot > 999) throw new RangeError(`version clock slot ${slot} out of 0..999`);
-    this.suffix = String(slot).padStart(3, '0');
+  constructor(stamp: number, private readonly nowMs: () => number = Date.now) {
+    if (!Number.isInteger(stamp) || stamp < 0) throw new RangeError(`version clock stamp ${stamp} is not a whole number >= 0`);
+    this.suffix = String(stamp % 1000).padStart(3, '0');
   }
 
   next(): string {
-    const us = Math.max(this.lastUs + 1, Math.floor(this.nowMs() * 1000));
+    const us = Math.max(this.lastUs + 1, Math.floor(this.nowMs()) * 1000);
     this.lastUs = us;
     return `${us}${this.suffix}`;
   }

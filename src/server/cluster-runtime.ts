@@ -145,7 +145,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     const regions = [...new Set(spec.nodes.map((g) => nodes[g]!.region ?? ''))];
     this.regionOf = Int32Array.from(spec.nodes, (g) => regions.indexOf(nodes[g]!.region ?? ''));
     this.regionCount = regions.length;
-    this.localRegion = regions.indexOf(replication?.region ?? '');
+    // No region of its own: no replica is local (local_quorum then takes a majority of all).
+    this.localRegion = replication?.region != null ? regions.indexOf(replication.region) : -1;
     this.memberWeights = new Float64Array(spec.nodes.length);
     const slotRef = slot;
     this.counters = {
@@ -210,8 +211,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     this.members ??= this.buildMembers(rows);
   }
 
-  membersFor(key: string, out: Int32Array): number {
-    return this.members === null ? 0 : this.members.preferenceInto(key, out);
+  membersFor(key: string, out: Int32Array, limit: number): number {
+    return this.members === null ? 0 : this.members.preferenceInto(key, out, limit);
   }
 
   isRoutable(node: number): boolean {

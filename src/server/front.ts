@@ -41,13 +41,27 @@ const LINGER_BYTES = 16 * 1024 * 1024;
 
 const JSON_TYPE = 'application/json';
 
-/** Sends a small JSON answer; safe to call inside or outside the handler. `allow`: a 405's methods. */
-function replyJson(res: HttpResponse, status: number, body: string, close = false, allow: string | null = null): void {
+/**
+ * Sends a small JSON answer; safe to call inside or outside the handler. `allow`: a 405's
+ * methods. `head`: the answer to a HEAD request, which says the body's length and sends none.
+ */
+function replyJson(res: HttpResponse, status: number, body: string, close = false, allow: string | null = null, head = false): void {
   res.cork(() => {
     res.writeStatus(statusBytes(status)).writeHeader('content-type', JSON_TYPE);
     if (allow !== null) res.writeHeader('allow', allow);
-    res.end(body, close);
+    // A connection about to close may carry a body after a HEAD answer: nothing reads past it.
+    if (head && !close) endHead(res, Buffer.byteLength(body));
+    else res.end(body, close);
   });
+}
+
+/**
+ * Ends a HEAD answer: its content-length written as a header line, and `endWithoutBody()` with no
+ * argument (uWS 20.30 leaves an answer given a length there unfinished: see relay.ts). The
+ * connection stays open (a draining front door closes it with the rest).
+ */
+function endHead(res: HttpResponse, length: number): void {
+  res.writeHeader('content-length', String(length)).endWithoutBody();
 }
 
 interface BoundRoute {
@@ -222,8 +236,8 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
       res
         .writeStatus(statusBytes(failure.status))
         .writeHeader('content-type', JSON_TYPE)
-        .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0')
-        .end(errorBody(failure.message, failure.code, { attempted }), close);
+        .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0');
+      this.endJson(errorBody(failure.message, failure.code, { attempted }), close);
       return;
     }
     // uWS writes `200 OK` itself when no status was written: one native call fewer for most.
@@ -247,10 +261,8 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const failure = call.failure;
     const runtime = this.route.runtime;
     if (failure !== null) {
-      res
-        .writeStatus(statusBytes(failure.status))
-        .writeHeader('content-type', JSON_TYPE)
-        .end(errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close);
+      res.writeStatus(statusBytes(failure.status)).writeHeader('content-type', JSON_TYPE);
+      this.endJson(errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close);
       return;
     }
     runtime.won(call.servedBy);
@@ -260,6 +272,12 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     writeRelayedHeaders(res, call.headers, runtime.answerLines[2 * call.servedBy]!, isHead);
     if (isHead) res.endWithoutBody();
     else res.end(call.body!, close);
+  }
+
+  /** Ends a failure answer: its JSON body, or for a HEAD request only the body's length. */
+  private endJson(body: string, close: boolean): void {
+    if (this.method === 'HEAD' && !close) endHead(this.res, Buffer.byteLength(body));
+    else this.res.end(body, close);
   }
 
   /** The drain deadline passed with this request unanswered: answer it before connections close. */
@@ -274,7 +292,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   private reject(status: number, body: string, close: boolean): void {
     this.answered = true;
-    this.front.refuse(this.res, status, body, close);
+    this.front.refuse(this.res, status, body, close, null, this.method === 'HEAD');
     this.finish();
   }
 
@@ -359,7 +377,7 @@ export class WorkerFront implements TunnelHost {
     this.rows = init.nodes.map(() => ({ weight: 0, flags: 0, region: -1, cluster: 0 }));
     this.histograms = new NodeHistograms(init.nodes.length);
     this.agent = new H1Agent(sweepPeriodMs(init.settings.requestTimeoutMs));
-    const replication = { clock: new VersionClock(init.slot), region: init.region, refresh: () => this.refresh() };
+    const replication = { clock: new VersionClock(init.versionSalt + init.slot), region: init.region, refresh: () => this.refresh() };
     this.runtimes = init.clusters.map(
       (spec) =>
         new ClusterRuntime(
@@ -543,8 +561,8 @@ export class WorkerFront implements TunnelHost {
     // The 404 for everything else, unless a route takes every path (uWS refuses the same
     // pattern twice: "Internal routing error").
     if (!this.routes.some((r) => r.spec.pattern === '/*')) {
-      app.any('/*', (res) => {
-        this.refuse(res, 404, JSON.stringify({ error: 'not found' }), this.draining);
+      app.any('/*', (res, req) => {
+        this.refuse(res, 404, JSON.stringify({ error: 'not found' }), this.draining, null, req.getMethod() === 'head');
       });
     }
   }
@@ -603,23 +621,24 @@ export class WorkerFront implements TunnelHost {
    * 9112 asks: 400 when chunked is not the final coding, or comes twice, or the value is empty
    * (the body's length is unknown); 501 for a coding it does not know.
    */
-  private refuseCodings(res: HttpResponse, codings: string): void {
+  private refuseCodings(res: HttpResponse, codings: string, head: boolean): void {
     const list = codings.split(',').map((c) => c.trim().toLowerCase());
     const chunkedLastOnly = list.indexOf('chunked') === list.length - 1 && !list.includes('');
     const reason = `transfer-encoding ${JSON.stringify(codings)} is not supported (only chunked)`;
-    if (chunkedLastOnly) this.refuse(res, 501, errorBody(reason, ErrorCodes.UNSUPPORTED), true);
-    else this.refuse(res, 400, errorBody(reason, ErrorCodes.BAD_REQUEST), true);
+    if (chunkedLastOnly) this.refuse(res, 501, errorBody(reason, ErrorCodes.UNSUPPORTED), true, null, head);
+    else this.refuse(res, 400, errorBody(reason, ErrorCodes.BAD_REQUEST), true, null, head);
   }
 
   /** @internal The front door answers a request itself (4xx or 501), counted as rejected. */
-  refuse(res: HttpResponse, status: number, body: string, close: boolean, allow: string | null = null): void {
+  refuse(res: HttpResponse, status: number, body: string, close: boolean, allow: string | null = null, head = false): void {
     this.slot.bump(C_REJECTED);
-    replyJson(res, status, body, close, allow);
+    replyJson(res, status, body, close, allow, head);
   }
 
   private proxy(route: BoundRoute, res: HttpResponse, req: HttpRequest): void {
     this.refresh();
     const method = req.getCaseSensitiveMethod();
+    const head = method === 'HEAD';
     const url = req.getUrl();
     const query = req.getQuery();
     const path = query ? `${url}?${query}` : url;
@@ -634,11 +653,11 @@ export class WorkerFront implements TunnelHost {
     if (keyHeader !== null) {
       key = scan.key;
       if (key === '') {
-        this.refuse(res, 401, errorBody(`missing ${keyHeader} header`, ErrorCodes.MISSING_BOARD), this.draining);
+        this.refuse(res, 401, errorBody(`missing ${keyHeader} header`, ErrorCodes.MISSING_BOARD), this.draining, null, head);
         return;
       }
       if (key.length > MAX_KEY_LENGTH) {
-        this.refuse(res, 400, errorBody(`${keyHeader} longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining);
+        this.refuse(res, 400, errorBody(`${keyHeader} longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining, null, head);
         return;
       }
     }
@@ -647,29 +666,29 @@ export class WorkerFront implements TunnelHost {
     if (route.replicas !== null) {
       op = replicatedOp(method);
       if (op < 0) {
-        this.refuse(res, 405, errorBody(`${method} is not carried by a replicated route (${REPLICATED_METHODS})`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, REPLICATED_METHODS);
+        this.refuse(res, 405, errorBody(`${method} is not carried by a replicated route (${REPLICATED_METHODS})`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, REPLICATED_METHODS, head);
         return;
       }
       // The path is the key when no header names one: `/kv/a/../b` and `/kv/b` must not be
       // two keys on two sets of replicas for one value.
       if (hasDotSegment(url)) {
-        this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not a key a replicated route takes', ErrorCodes.BAD_REQUEST), this.draining);
+        this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not a key a replicated route takes', ErrorCodes.BAD_REQUEST), this.draining, null, head);
         return;
       }
       if (scan.upgrade !== '' && /websocket/i.test(scan.upgrade)) {
-        this.refuse(res, 501, errorBody('a replicated route carries no WebSockets: each request goes to several replicas', ErrorCodes.UNSUPPORTED), true);
+        this.refuse(res, 501, errorBody('a replicated route carries no WebSockets: each request goes to several replicas', ErrorCodes.UNSUPPORTED), true, null, head);
         return;
       }
       if (keyHeader === null) key = url;
       retryable = false;
     } else if (route.classifier !== null) {
       if (hasDotSegment(url)) {
-        this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not routed by operation rules', ErrorCodes.BAD_REQUEST), this.draining);
+        this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not routed by operation rules', ErrorCodes.BAD_REQUEST), this.draining, null, head);
         return;
       }
       op = route.classifier.classify(url);
       if (op === OP_UNSUPPORTED) {
-        this.refuse(res, 501, errorBody(`${url} is not routed: a streaming call, and answers are relayed whole`, ErrorCodes.UNSUPPORTED), this.draining);
+        this.refuse(res, 501, errorBody(`${url} is not routed: a streaming call, and answers are relayed whole`, ErrorCodes.UNSUPPORTED), this.draining, null, head);
         return;
       }
       retryable = op === OP_READ;
@@ -681,11 +700,11 @@ export class WorkerFront implements TunnelHost {
     // forwarded as a plain request it would get the node's 200 and fail. (Any other upgrade,
     // such as h2c, is ignored, as a server may: the request is served over HTTP/1.1.)
     if (scan.upgrade !== '' && /websocket/i.test(scan.upgrade)) {
-      this.refuse(res, 400, errorBody('bad WebSocket handshake: a GET with a sec-websocket-key of 24 characters is needed', ErrorCodes.BAD_REQUEST), true);
+      this.refuse(res, 400, errorBody('bad WebSocket handshake: a GET with a sec-websocket-key of 24 characters is needed', ErrorCodes.BAD_REQUEST), true, null, head);
       return;
     }
     if (scan.chunked && !isChunkedOnly(scan.codings)) {
-      this.refuseCodings(res, scan.codings);
+      this.refuseCodings(res, scan.codings, head);
       return;
     }
     const contentLength = scan.contentLength;
@@ -693,7 +712,7 @@ export class WorkerFront implements TunnelHost {
     if (!scan.chunked) {
       expected = contentLength === '' ? 0 : parseLength(contentLength);
       if (expected < 0) {
-        this.refuse(res, 400, errorBody('bad content-length', ErrorCodes.BAD_REQUEST), true);
+        this.refuse(res, 400, errorBody('bad content-length', ErrorCodes.BAD_REQUEST), true, null, head);
         return;
       }
       if (expected > this.maxBodyBytes) {
@@ -701,7 +720,7 @@ export class WorkerFront implements TunnelHost {
         // fails (EPIPE, ECONNRESET) and the 413 is lost with it (4-7% of 1 MiB uploads here).
         // So, as nginx's lingering close: a body of a bounded size is read and dropped after
         // the answer (uWS keeps parsing it) and the connection lives on; beyond that, close.
-        this.refuse(res, 413, errorBody(`request body exceeds ${this.maxBodyBytes} bytes`, ErrorCodes.BODY_TOO_LARGE), this.draining || expected > LINGER_BYTES);
+        this.refuse(res, 413, errorBody(`request body exceeds ${this.maxBodyBytes} bytes`, ErrorCodes.BODY_TOO_LARGE), this.draining || expected > LINGER_BYTES, null, head);
         return;
       }
     }

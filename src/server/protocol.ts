@@ -122,6 +122,8 @@ export interface WorkerInit {
   readonly settings: DataPlaneSettings;
   /** The front door's own region (`local_quorum`), or null. */
   readonly region: string | null;
+  /** Random per process, added to the slot in version stamps (replication/quorum.ts). */
+  readonly versionSalt: number;
 }
 
 /** Worker -> main. */

@@ -17,7 +17,7 @@ import { CounterSlot, counterBytes, readTotals } from '../metrics/counters.js';
 import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
 import { EtcdLeaderProbe } from '../membership/leader.js';
-import type { QuorumSettings } from '../replication/quorum.js';
+import { quorumProblem, type QuorumSettings } from '../replication/quorum.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, WorkerInit, WorkerMessage } from './protocol.js';
 
 export interface ClusterConfig {
@@ -100,6 +100,8 @@ export class FrontDoor extends EventEmitter {
   private readonly collections = new Map<number, Collection>();
   private nextCollectionId = 1;
   private stopping: Promise<void> | null = null;
+  /** Added to each worker's slot in its version stamps (replicated routes): see VersionClock. */
+  private readonly versionSalt = Math.floor(Math.random() * 1000);
 
   private constructor(config: FrontDoorConfig) {
     super();
@@ -141,6 +143,9 @@ export class FrontDoor extends EventEmitter {
     this.routes = config.routes.map((route) => {
       const cluster = config.clusters.findIndex((c) => c.name === route.cluster);
       if (cluster < 0) throw new Error(`route ${route.pattern}: unknown cluster "${route.cluster}"`);
+      const problem = route.quorum ? quorumProblem(route.quorum, config.clusters[cluster]!.members.length) : null;
+      if (problem !== null) throw new ConfigError(`route ${route.pattern}: quorum: ${problem}`);
+      if (route.quorum && route.policy !== 'ring') throw new ConfigError(`route ${route.pattern}: a replicated route places keys on the ring: policy "ring", not "${route.policy}"`);
       return {
         pattern: route.pattern,
         cluster,
@@ -379,6 +384,7 @@ export class FrontDoor extends EventEmitter {
       routes: this.routes,
       settings: this.config.settings,
       region: this.config.region ?? null,
+      versionSalt: this.versionSalt,
     };
     const worker = new Worker(WORKER_URL, { workerData: init, stderr: false, stdout: false });
     const previous = this.workers.get(slot);
