@@ -8,7 +8,7 @@ import { Buffer } from 'node:buffer';
 import { createHmac } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
 import { TicketBook, type AffinitySettings, type TicketCheck } from '../src/affinity/tickets.js';
-import { pinFirst } from '../src/policies/types.js';
+import { pinFirst, preferRegion } from '../src/policies/types.js';
 import { parseCommand } from '../src/config/config.js';
 import { ConfigError } from '../src/errors.js';
 import { defaultSettings } from '../src/server/settings.js';
@@ -44,6 +44,16 @@ describe('affinity tickets', () => {
     assert.match(ticket, /^v1\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]{43}$/);
     assert.equal((book.check(ticket) as { node: string }).node, 'node-b');
     assert.equal((book.check(ticket) as { node: string }).node, 'node-b', 'again (from the cache)');
+  });
+
+  it('carries the client\'s region when it has one', () => {
+    const book = new TicketBook(settings());
+    assert.deepEqual(pick(book.check(book.mint('node-b', 'eu-west'))), { node: 'node-b', region: 'eu-west' });
+    assert.deepEqual(pick(book.check(book.mint('node-b'))), { node: 'node-b', region: null });
+    for (const r of [5, '', 'x'.repeat(65)]) {
+      const payload = JSON.stringify({ a: 'boards', n: 'node-b', iat: 1, exp: 9_999_999_999, g: 1, r });
+      assert.equal(nodeOf(book.check(signedAround(payload))), 'refused: malformed', `region ${JSON.stringify(r)}`);
+    }
   });
 
   it('refuses a malformed, forged, expired, other-app or other-generation ticket', () => {
@@ -126,6 +136,22 @@ describe('affinity tickets', () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+});
+
+/** A checked ticket's node and region. */
+function pick(check: TicketCheck): { node: string; region: string | null } | string {
+  return 'node' in check ? { node: check.node, region: check.region } : check.refused;
+}
+
+describe('preferring a region', () => {
+  it('moves the region\'s candidates ahead, each group keeping its order', () => {
+    const regionOf = Int32Array.from([0, 1, 0, 1, 0]);
+    const list = Int32Array.from([1, 0, 3, 2, 4]);
+    assert.equal(preferRegion(list, 5, regionOf, 0), 3);
+    assert.deepEqual([...list], [0, 2, 4, 1, 3]);
+    assert.equal(preferRegion(list, 5, regionOf, 2), 0, 'no candidate there: unchanged');
+    assert.deepEqual([...list], [0, 2, 4, 1, 3]);
   });
 });
 
@@ -248,5 +274,67 @@ describe('affinity through the front door', () => {
     const reply = await rpc(door.url, 'board.append', 'unused', { headers: { 'x-lakefront-affinity': ticket } });
     assert.equal(reply.status, 200);
     assert.equal(reply.headers['x-lakefront-served-by'], placed.headers['x-lakefront-served-by']);
+  });
+});
+
+describe('affinity across regions', () => {
+  let nodes: FakeNode[];
+  let door: FrontDoor;
+  const book = new TicketBook(settings());
+  before(async () => {
+    nodes = await startNodes('east-a', 'west-a', 'east-b', 'west-b');
+    door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      region: 'east',
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url, region: n.id.split('-')[0]! })) }],
+      routes: [{ pattern: '/rpc/*', cluster: 'default', policy: 'round_robin', keyHeader: null, affinity: settings() }],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({ hedgeDelayMs: 20 }),
+    });
+  });
+  after(async () => {
+    await door.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  const read = (ticket?: string) => call(`${door.url}/rpc/query.execute`, { headers: ticket === undefined ? {} : { 'x-lakefront-affinity': ticket } });
+  async function setHealth(ids: string[], healthy: boolean): Promise<void> {
+    for (const n of nodes) if (ids.includes(n.id)) n.healthy = healthy;
+    const changed = once(door.memberships[0]!, 'change');
+    await door.memberships[0]!.probeOnce();
+    await changed;
+  }
+
+  it('places new clients in the front door\'s region, and keeps a client\'s region when its node goes', async () => {
+    const served = new Set<string>();
+    let ticket = '';
+    for (let i = 0; i < 6; i++) {
+      const reply = await read();
+      served.add(String(reply.headers['x-lakefront-served-by']));
+      ticket = String(reply.headers['x-lakefront-affinity']);
+    }
+    assert.deepEqual([...served].sort(), ['east-a', 'east-b'], 'round robin over the east only');
+    const first = book.check(ticket) as { node: string; region: string | null };
+    assert.equal(first.region, 'east');
+    await setHealth([first.node], false);
+    try {
+      const moved = await read(ticket);
+      const other = first.node === 'east-a' ? 'east-b' : 'east-a';
+      assert.equal(moved.headers['x-lakefront-served-by'], other, 're-placed in its region');
+      assert.deepEqual(pick(book.check(String(moved.headers['x-lakefront-affinity']))), { node: other, region: 'east' });
+      await setHealth([other], false);
+      const away = await read(String(moved.headers['x-lakefront-affinity']));
+      assert.match(String(away.headers['x-lakefront-served-by']), /^west-/, 'no east node left: the west serves');
+      assert.equal((book.check(String(away.headers['x-lakefront-affinity'])) as { region: string }).region, 'east', 'the client is still from the east');
+    } finally {
+      await setHealth(['east-a', 'east-b'], true);
+    }
+    // A client from the west (its ticket says so) placed anew goes west.
+    const westerner = book.mint('no-such-node', 'west');
+    const reply = await read(westerner);
+    assert.match(String(reply.headers['x-lakefront-served-by']), /^west-/);
   });
 });

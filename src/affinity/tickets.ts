@@ -4,7 +4,10 @@
  * the signature only makes sure the front door follows tickets it minted itself.
  *
  *   ticket  = "v1." + base64url(payload) + "." + base64url(HMAC-SHA256(key, "v1." + base64url(payload)))
- *   payload = JSON { a: app, n: node id, iat: issued (s), exp: expires (s), g: generation }
+ *   payload = JSON { a: app, n: node id, iat: issued (s), exp: expires (s), g: generation, r?: region }
+ *
+ * `r` is the client's region (seed 004): where it was first placed, the front door's own region.
+ * Placing a client anew (no ticket, or its node is down) prefers a node in that region.
  *
  * The first key signs; every key verifies (a two-key window rotates keys without dropping the
  * tickets out there). Verification refuses a ticket that is malformed, forged, expired, for
@@ -33,8 +36,13 @@ export const MIN_KEY_LENGTH = 32;
 /** A WebSocket client offers its ticket as a subprotocol: this prefix, then the ticket. */
 export const TICKET_PROTOCOL_PREFIX = 'lakefront-affinity.';
 
-/** A ticket that checks out: its node and when it expires (ms since the epoch); or why not. */
-export type TicketCheck = { readonly node: string; readonly expiresAt: number } | { readonly refused: 'malformed' | 'forged' | 'expired' | 'app' | 'generation' };
+/** A ticket that checks out: its node, region and when it expires (ms since the epoch); or why not. */
+export type TicketCheck =
+  | { readonly node: string; readonly region: string | null; readonly expiresAt: number }
+  | { readonly refused: 'malformed' | 'forged' | 'expired' | 'app' | 'generation' };
+
+/** Longest region name (as node regions in the configuration). */
+const MAX_REGION_CHARS = 64;
 
 const VERSION = 'v1.';
 /**
@@ -47,7 +55,7 @@ const SHAPE = new RegExp(`^v1\\.[A-Za-z0-9_-]{1,${MAX_PAYLOAD_CHARS}}\\.[A-Za-z0
 
 /** Whether tickets for `node` fit the shape (the app name and node id set the payload's size). */
 export function ticketFits(app: string, node: string, generation: number): boolean {
-  const payload = JSON.stringify({ a: app, n: node, iat: 9_999_999_999, exp: 9_999_999_999, g: generation });
+  const payload = JSON.stringify({ a: app, n: node, iat: 9_999_999_999, exp: 9_999_999_999, g: generation, r: 'r'.repeat(MAX_REGION_CHARS) });
   return Math.ceil((Buffer.byteLength(payload) * 4) / 3) <= MAX_PAYLOAD_CHARS;
 }
 /** Verified tickets kept per thread (a client sends the same one again and again). */
@@ -58,8 +66,8 @@ function sign(key: string, text: string): Buffer {
 }
 
 export class TicketBook {
-  /** Verified tickets: the node each names and when it expires (ms). */
-  private readonly verified = new Map<string, { node: string; expiresAt: number }>();
+  /** Verified tickets: the node each names, its region and when it expires (ms). */
+  private readonly verified = new Map<string, { node: string; region: string | null; expiresAt: number }>();
 
   constructor(
     private readonly settings: AffinitySettings,
@@ -75,11 +83,12 @@ export class TicketBook {
     return expiresAt - this.now() < this.settings.ttlSeconds * 500;
   }
 
-  /** A ticket naming `node`, valid for the configured time. */
-  mint(node: string): string {
+  /** A ticket naming `node` (and the client's `region`, if known), valid for the configured time. */
+  mint(node: string, region: string | null = null): string {
     const { app, ttlSeconds, generation, keys } = this.settings;
     const iat = Math.floor(this.now() / 1000);
-    const payload = Buffer.from(JSON.stringify({ a: app, n: node, iat, exp: iat + ttlSeconds, g: generation })).toString('base64url');
+    const fields = { a: app, n: node, iat, exp: iat + ttlSeconds, g: generation, ...(region !== null ? { r: region } : {}) };
+    const payload = Buffer.from(JSON.stringify(fields)).toString('base64url');
     const signed = VERSION + payload;
     return `${signed}.${sign(keys[0]!, signed).toString('base64url')}`;
   }
@@ -97,18 +106,19 @@ export class TicketBook {
     const signed = ticket.slice(0, dot);
     const signature = Buffer.from(ticket.slice(dot + 1), 'base64url');
     if (!this.settings.keys.some((key) => timingSafeEqual(sign(key, signed), signature))) return { refused: 'forged' };
-    let payload: { a?: unknown; n?: unknown; exp?: unknown; g?: unknown };
+    let payload: { a?: unknown; n?: unknown; exp?: unknown; g?: unknown; r?: unknown };
     try {
       payload = JSON.parse(Buffer.from(signed.slice(VERSION.length), 'base64url').toString('utf8')) as typeof payload;
     } catch {
       return { refused: 'malformed' };
     }
     if (typeof payload !== 'object' || payload === null || typeof payload.n !== 'string' || typeof payload.exp !== 'number') return { refused: 'malformed' };
+    if (payload.r !== undefined && (typeof payload.r !== 'string' || payload.r === '' || payload.r.length > MAX_REGION_CHARS)) return { refused: 'malformed' };
     if (payload.a !== this.settings.app) return { refused: 'app' };
     if (payload.g !== this.settings.generation) return { refused: 'generation' };
     const expiresAt = payload.exp * 1000;
     if (this.now() >= expiresAt) return { refused: 'expired' };
-    const valid = { node: payload.n, expiresAt };
+    const valid = { node: payload.n, region: (payload.r as string | undefined) ?? null, expiresAt };
     if (this.verified.size >= CACHE_LIMIT) this.verified.clear();
     this.verified.set(ticket, valid);
     return valid;

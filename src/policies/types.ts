@@ -71,3 +71,22 @@ export function pinFirst(candidates: Int32Array, count: number, node: number, ro
   candidates[0] = node;
   return n;
 }
+
+/**
+ * Moves the candidates whose region is `region` (by `regionOf`) ahead of the others, each group
+ * keeping its order; returns how many are in `region`. Placement by affinity ticket prefers the
+ * client's region (seed 004).
+ */
+export function preferRegion(candidates: Int32Array, count: number, regionOf: Int32Array, region: number): number {
+  let front = 0;
+  for (let i = 0; i < count; i++) {
+    const node = candidates[i]!;
+    if (regionOf[node] !== region) continue;
+    if (i !== front) {
+      candidates.copyWithin(front + 1, front, i);
+      candidates[front] = node;
+    }
+    front++;
+  }
+  return front;
+}

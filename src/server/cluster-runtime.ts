@@ -102,6 +102,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   private readonly lastRefusedAt: Float64Array;
   /** Region index per node; nodes without a region share one. */
   readonly regionOf: Int32Array;
+  /** Region names by index ('' for the nodes without one). */
+  private readonly regionNames: string[];
   readonly regionCount: number;
   readonly localRegion: number;
   /** Members by capacity, healthy or not (replicated routes): built when first asked for. */
@@ -142,7 +144,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       leader: -1,
     };
     this.policySettings = spec.policySettings;
-    const regions = [...new Set(spec.nodes.map((g) => nodes[g]!.region ?? ''))];
+    const regions = (this.regionNames = [...new Set(spec.nodes.map((g) => nodes[g]!.region ?? ''))]);
     this.regionOf = Int32Array.from(spec.nodes, (g) => regions.indexOf(nodes[g]!.region ?? ''));
     this.regionCount = regions.length;
     // No region of its own: no replica is local (local_quorum then takes a majority of all).
@@ -164,6 +166,11 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   /** The cluster index of the node with this id, or -1 (ids are fixed at start-up). */
   indexOf(id: string): number {
     return this.indexById.get(id) ?? -1;
+  }
+
+  /** The index of region `name` among this cluster's nodes, or -1 (none of them is there). */
+  regionIndex(name: string | null): number {
+    return name === null || name === '' ? -1 : this.regionNames.indexOf(name);
   }
 
   /** The policy instance for `name`, one per runtime so routes sharing a policy share its state. */

@@ -24,7 +24,7 @@ import { UpstreamRequest } from '../forward/upstream.js';
 import { FLAG_HEALTHY, TableReader, type NodeRow } from '../membership/table.js';
 import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
 import { NodeHistograms } from '../metrics/histograms.js';
-import { pinFirst, type Policy } from '../policies/types.js';
+import { pinFirst, preferRegion, type Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type NodeSpec, type RouteSpec, type WorkerInit } from './protocol.js';
@@ -118,6 +118,8 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     private pinned: number,
     /** That ticket is past half its life: the answer carries a fresh one. */
     private readonly renewTicket: boolean,
+    /** An affinity route's client region: its ticket's, else the front door's (null: none). */
+    private readonly region: string | null,
   ) {
     this.upstream = new UpstreamRequest(method, path, headers, null);
   }
@@ -184,6 +186,11 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     exchange.op = this.op;
     // A policy ranks every routable node; the exchange holds at most MAX_CANDIDATES of them.
     exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates), exchange.candidates.length);
+    // Placed by ticket, a client goes to its region first (a leader's writes stay with the leader).
+    if (this.region !== null && !(this.op !== OP_READ && this.route.policy.leaderWrites === true)) {
+      const region = runtime.regionIndex(this.region);
+      if (region >= 0) preferRegion(exchange.candidates, exchange.count, runtime.regionOf, region);
+    }
     // Where writes belong to the leader (hybrid), a ticket does not move them; the client keeps it.
     if (this.pinned >= 0 && this.op !== OP_READ && this.route.policy.leaderWrites === true) this.ticketKept = true;
     else if (this.pinned >= 0) {
@@ -246,7 +253,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     // Placed anew (no valid ticket, or its node could not be used), or a ticket past half its
     // life: a fresh ticket for where it landed. A node's own header of that name is not relayed.
     const tickets = this.route.tickets;
-    if (tickets !== null && !this.ticketKept && (exchange.servedBy !== this.pinned || this.renewTicket)) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!));
+    if (tickets !== null && !this.ticketKept && (exchange.servedBy !== this.pinned || this.renewTicket)) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!, this.region));
     const own = runtime.answerLines[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
     writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead, tickets === null ? null : tickets.header);
     // uWS writes its own content-length; for HEAD the node's is relayed instead (see relay.ts).
@@ -422,6 +429,11 @@ export class WorkerFront implements TunnelHost {
 
   get maxMessageBytes(): number {
     return this.maxBodyBytes;
+  }
+
+  /** The front door's own region, or null. */
+  get region(): string | null {
+    return this.init.region;
   }
 
   get handshakeTimeoutMs(): number {
@@ -727,15 +739,20 @@ export class WorkerFront implements TunnelHost {
     // A ticket that checks out pins the request to its node (if that node can take it).
     let pinned = -1;
     let renew = false;
-    if (tickets !== null && scan.ticket !== '') {
-      const checked = tickets.check(scan.ticket);
-      if ('node' in checked) {
-        pinned = route.runtime.indexOf(checked.node);
-        renew = tickets.wearing(checked.expiresAt);
+    let region: string | null = null;
+    if (tickets !== null) {
+      region = this.init.region;
+      if (scan.ticket !== '') {
+        const checked = tickets.check(scan.ticket);
+        if ('node' in checked) {
+          pinned = route.runtime.indexOf(checked.node);
+          renew = tickets.wearing(checked.expiresAt);
+          region = checked.region ?? region;
+        }
       }
     }
     this.slot.bump(C_REQUESTS);
-    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew);
+    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region);
     this.requestStarted(request);
     res.onAborted(() => request.onAborted());
     if (expected === 0) request.start();

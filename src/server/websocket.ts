@@ -31,7 +31,7 @@ import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegmen
 import { MAX_CANDIDATES, isGatewayFailure } from '../forward/exchange.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
-import { pinFirst, type Policy } from '../policies/types.js';
+import { pinFirst, preferRegion, type Policy } from '../policies/types.js';
 import { TICKET_PROTOCOL_PREFIX, type TicketBook } from '../affinity/tickets.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
 import type { OperationClassifier } from './operations.js';
@@ -76,6 +76,8 @@ export interface TunnelHost {
   readonly maxMessageBytes: number;
   readonly handshakeTimeoutMs: number;
   readonly draining: boolean;
+  /** The front door's own region (affinity placement), or null. */
+  readonly region: string | null;
   /** Re-reads the membership table if it changed. */
   refresh(): void;
   /** Answers a request itself (counted as rejected). */
@@ -209,13 +211,19 @@ export class WebSocketTunnels {
       host.refuse(res, 503, errorBody('no healthy node', ErrorCodes.NO_HEALTHY_NODE), false);
       return;
     }
+    // The client's region (its ticket's, else the front door's): placed anew, it goes there first.
+    let region = tickets === null ? null : host.region;
+    let pin = -1;
     if (tickets !== null && ticket !== '') {
       const checked = tickets.check(ticket);
       if ('node' in checked) {
-        const node = runtime.indexOf(checked.node);
-        pinFirst(ranking, count, node, node >= 0 && runtime.view.weights[node]! > 0);
+        pin = runtime.indexOf(checked.node);
+        region = checked.region ?? region;
       }
     }
+    const regionIndex = runtime.regionIndex(region);
+    if (regionIndex >= 0) preferRegion(ranking, count, runtime.regionOf, regionIndex);
+    if (pin >= 0) pinFirst(ranking, count, pin, runtime.view.weights[pin]! > 0);
     host.slot.bump(C_REQUESTS);
     if (offered !== '') headers['sec-websocket-protocol'] = offered;
     const offer = new Set(offered.split(',').map((p) => p.trim()).filter((p) => p !== ''));
@@ -313,7 +321,7 @@ export class WebSocketTunnels {
         }
         const tunnel = this.tunnel(upstream);
         // The first message down the socket is the ticket naming the node it reached.
-        if (tickets !== null) tunnel.greeting = JSON.stringify({ t: 'affinity', ticket: tickets.mint(runtime.ids[node]!) });
+        if (tickets !== null) tunnel.greeting = JSON.stringify({ t: 'affinity', ticket: tickets.mint(runtime.ids[node]!, region) });
         // A browser that offered only its ticket fails a handshake that selects nothing.
         const selected = chosen === '' ? ticketProtocol : chosen;
         res.cork(() => res.upgrade({ tunnel }, secKey, selected, '', context));
