@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
@@ -152,4 +152,16 @@ describe('configuration file', () => {
   for (const [name, raw, pattern] of bad) {
     it(`rejects ${name}`, () => assert.throws(() => parseFileConfig(raw, 'lf.json'), pattern));
   }
+});
+
+describe('the README', () => {
+  it('shows a configuration file that parses', () => {
+    const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8');
+    const section = readme.slice(readme.indexOf('### Configuration file'));
+    const json = /```json\n([^]*?)```/.exec(section)![1]!;
+    const parsed = parseFileConfig(JSON.parse(json), 'README');
+    assert.deepEqual(parsed.routes.map((r) => r.pattern), ['/rpc/*', '/v3/*', '/kv/*', '/zk/*']);
+    assert.equal(parsed.routes[2]!.quorum!.n, 3);
+    assert.equal(parsed.region, 'east');
+  });
 });
