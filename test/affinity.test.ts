@@ -169,22 +169,32 @@ describe('pinning a candidate list', () => {
   });
 });
 
+/**
+ * A front door over `nodes` with one round-robin affinity route on /rpc/*. With a `region`, each
+ * node's region is its id up to the first '-'.
+ */
+function stickyDoor(nodes: FakeNode[], options: { threads: number; healthIntervalMs: number; region?: string }): Promise<FrontDoor> {
+  const region = (n: FakeNode) => (options.region === undefined ? {} : { region: n.id.split('-')[0]! });
+  return FrontDoor.start({
+    host: '127.0.0.1',
+    port: 0,
+    threads: options.threads,
+    ...(options.region === undefined ? {} : { region: options.region }),
+    clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url, ...region(n) })) }],
+    routes: [{ pattern: '/rpc/*', cluster: 'default', policy: 'round_robin', keyHeader: null, affinity: settings() }],
+    healthIntervalMs: options.healthIntervalMs,
+    healthTimeoutMs: 500,
+    settings: defaultSettings({ hedgeDelayMs: 20 }),
+  });
+}
+
 describe('affinity through the front door', () => {
   let nodes: FakeNode[];
   let door: FrontDoor;
   const book = new TicketBook(settings());
   before(async () => {
     nodes = await startNodes('sticky-a', 'sticky-b', 'sticky-c');
-    door = await FrontDoor.start({
-      host: '127.0.0.1',
-      port: 0,
-      threads: 2,
-      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [{ pattern: '/rpc/*', cluster: 'default', policy: 'round_robin', keyHeader: null, affinity: settings() }],
-      healthIntervalMs: 50,
-      healthTimeoutMs: 500,
-      settings: defaultSettings({ hedgeDelayMs: 20 }),
-    });
+    door = await stickyDoor(nodes, { threads: 2, healthIntervalMs: 50 });
   });
   after(async () => {
     await door.stop();
@@ -283,17 +293,7 @@ describe('affinity across regions', () => {
   const book = new TicketBook(settings());
   before(async () => {
     nodes = await startNodes('east-a', 'west-a', 'east-b', 'west-b');
-    door = await FrontDoor.start({
-      host: '127.0.0.1',
-      port: 0,
-      threads: 1,
-      region: 'east',
-      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url, region: n.id.split('-')[0]! })) }],
-      routes: [{ pattern: '/rpc/*', cluster: 'default', policy: 'round_robin', keyHeader: null, affinity: settings() }],
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      settings: defaultSettings({ hedgeDelayMs: 20 }),
-    });
+    door = await stickyDoor(nodes, { threads: 1, healthIntervalMs: 60_000, region: 'east' });
   });
   after(async () => {
     await door.stop();

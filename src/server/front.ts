@@ -208,16 +208,16 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     exchange.begin();
   }
 
-  settled(exchange: Exchange, runtime: ClusterRuntime): void {
-    if (this.aborted || this.answered) return;
-    this.answered = true;
-    corked = this;
-    this.res.cork(writeCorked);
-    corked = null;
-    this.finish();
+  settled(_exchange: Exchange, _runtime: ClusterRuntime): void {
+    this.respond();
   }
 
-  replicated(call: ReplicatedCall): void {
+  replicated(_call: ReplicatedCall): void {
+    this.respond();
+  }
+
+  /** The exchange or the fan-out has its outcome: write it, unless the client went away. */
+  private respond(): void {
     if (this.aborted || this.answered) return;
     this.answered = true;
     corked = this;
