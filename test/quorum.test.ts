@@ -88,7 +88,7 @@ describe('versions', () => {
 
   it('follow the wall clock, strictly increasing per thread, with the thread\'s stamp in the last three digits', () => {
     let now = 1_800_000_000_000;
-    const clock = new VersionClock(1_007, () => now);
+    const clock = new VersionClock(1_007, () => now, () => 0);
     const a = clock.next();
     assert.equal(a, '1800000000000000007', 'microseconds of the wall clock, then the stamp modulo 1000');
     const b = clock.next(); // same millisecond
@@ -97,8 +97,10 @@ describe('versions', () => {
     assert.ok(compareVersions(clock.next(), b) > 0);
     now += 60_000; // and forward (NTP): followed
     assert.equal(clock.next(), '1800000059995000007');
-    const other = new VersionClock(8, () => 1_800_000_000_000);
-    assert.notEqual(other.next(), a, 'two threads never stamp the same version');
+    const other = new VersionClock(8, () => 1_800_000_000_000, () => 0);
+    assert.notEqual(other.next(), a, 'two threads of a process never stamp the same version');
+    const fine = new VersionClock(7, () => 1_800_000_000_000, () => 123.4567);
+    assert.equal(fine.next(), '1800000000000456007', 'the microseconds within the millisecond from the monotonic clock');
     assert.throws(() => new VersionClock(-1), RangeError);
   });
 });
@@ -171,6 +173,38 @@ describe('hint store', () => {
       store.deliver();
       assert.equal(host.sent.length, 1, 'one try, then the back-off until the next tick');
       assert.equal(store.pending, 2);
+    } finally {
+      store.close();
+    }
+  });
+
+  it('lets go of delivered hints queued behind one that keeps failing', () => {
+    const host = new Handoff();
+    host.routable[0] = true;
+    const store = new HintStore(host, 2, 60_000, 1 << 30);
+    try {
+      for (let i = 0; i < 200; i++) {
+        store.reserve(write(`/kv/${i}`, 'x'.repeat(1_000)));
+        store.keep(0, write(`/kv/${i}`, 'x'.repeat(1_000)));
+      }
+      store.deliver();
+      // The oldest is answered 503 again and again; everything behind it gets through.
+      while (store.pending > 1) {
+        const waiting = host.sent.filter((s) => !(s as { done?: boolean }).done);
+        for (const s of waiting) {
+          (s as { done?: boolean }).done = true;
+          s.sink.answered(0, s.request.path === '/kv/0' ? 503 : 204, null, Buffer.alloc(0), 1);
+        }
+        host.sent.length = 0;
+        if (waiting.every((s) => s.request.path === '/kv/0')) break;
+        store.deliver(); // as the tick after the back-off would
+        (store as unknown as { backoff: Uint8Array }).backoff.fill(0);
+        store.deliver();
+      }
+      assert.equal(store.pending, 1);
+      const queued = (store as unknown as { queues: { request: unknown }[][] }).queues[0]!;
+      assert.ok(queued.length < 100, `the done hints were dropped from the queue (${queued.length} left)`);
+      assert.equal(queued.filter((h) => h.request !== null).length, 1, 'only the stuck one holds its write');
     } finally {
       store.close();
     }
@@ -307,6 +341,48 @@ describe('fan-out over a hand-driven cluster', () => {
     // Repair goes to b (a replica with an older value), not to d (a node past the replicas).
     const repairs = cluster.sent.filter((s) => s.request.method === 'PUT');
     assert.deepEqual(repairs.map((s) => cluster.ids[s.node]), ['b']);
+  });
+
+  it('a node past the replicas with no version for the key does not count toward a read', () => {
+    // a and b hold the acknowledged v2, c an older v1; d and e hold nothing.
+    const cluster = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    const { owner } = start(cluster, {}, 'GET', null);
+    cluster.answer('a', 500);
+    cluster.answer('b', 500);
+    assert.equal(cluster.sentTo('d'), 1);
+    cluster.answer('d', 404, [], '{"error":"no such key"}');
+    assert.equal(cluster.sentTo('e'), 1, 'd knew nothing: e is asked');
+    cluster.answer('e', 404, [], '{"error":"no such key"}');
+    cluster.answer('c', 200, [['x-lakefront-version', '100']], 'v1');
+    assert.equal(owner.calls.length, 1);
+    assert.equal(owner.calls[0]!.failure!.status, 502, 'one replica\'s v1 is not a quorum: not a stale 200');
+  });
+
+  it('a read short in the local region does not ask nodes elsewhere; a strict route asks no one else', () => {
+    // Replicas e1, e2, w1; spares w2..w5; the front door is in the east.
+    const cluster = new Cluster(['e1', 'e2', 'w1', 'w2', 'w3', 'w4', 'w5'], [0, 0, 1, 1, 1, 1, 1], 0);
+    const { owner } = start(cluster, { consistency: 'local_quorum' }, 'GET', null);
+    cluster.answer('e1', 500);
+    assert.equal(owner.calls[0]!.failure!.status, 502, 'two east answers needed, one east replica left');
+    assert.deepEqual(['w2', 'w3', 'w4', 'w5'].map((id) => cluster.sentTo(id)), [0, 0, 0, 0]);
+    const strict = new Cluster(['a', 'b', 'c', 'd']);
+    const read = start(strict, { sloppy: false }, 'GET', null);
+    strict.answer('a', 500);
+    strict.answer('b', 500);
+    assert.equal(strict.sentTo('d'), 0);
+    assert.equal(read.owner.calls[0]!.failure!.status, 502);
+  });
+
+  it('repairs once, even when a further node fails inside send', () => {
+    const cluster = new Cluster(['a', 'b', 'c', 'd']);
+    cluster.failInside.add(3);
+    const { owner } = start(cluster, { w: 1, r: 3 }, 'GET', null);
+    cluster.answer('a', 200, [['x-lakefront-version', '200']], 'v2');
+    cluster.answer('b', 200, [['x-lakefront-version', '100']], 'v1');
+    cluster.answer('c', 500);
+    assert.equal(owner.calls[0]!.failure!.status, 502);
+    assert.equal(cluster.sent.filter((s) => s.request.method === 'PUT').length, 1, 'one repair, to b');
+    assert.equal(cluster.counted.filter((e) => e === 'repair').length, 1);
   });
 
   it('every replica refusing a read (a 4xx) is the answer', () => {

@@ -142,6 +142,8 @@ export class ReplicatedCall implements AttemptSink {
   private running = 0;
   /** Inside `begin`: outcomes wait for every first target to be launched. */
   private beginning = false;
+  /** A read's repair has been sent (once, when every target has answered). */
+  private repaired = false;
   /** The request as a replica gets it (a write with its version). */
   private readonly request: UpstreamRequest;
   /** The same with a body of its own, for hints (a client body may share a pooled slab). */
@@ -279,10 +281,15 @@ export class ReplicatedCall implements AttemptSink {
     const fields = headers as HeaderFields;
     const region = this.set.host.regionOf[this.targets[ordinal]!]!;
     this.statuses[ordinal] = status;
+    // A read's version, when it has a value to compare (200), or a deletion's (404).
+    const version = !write && (status === 200 || status === 404) ? (fields.find(VERSION_HEADER) ?? '') : '';
     let state: number;
     if (isGatewayFailure(status) || (!write && status >= 500)) state = FAILED;
-    else if (write ? status >= 200 && status < 300 : status === 200 || status === 404) state = COUNTED;
-    else state = REFUSED;
+    else if (write) state = status >= 200 && status < 300 ? COUNTED : REFUSED;
+    else if (status !== 200 && status !== 404) state = REFUSED;
+    // A node past the replicas holds only what it stood in for: without a version it knows
+    // nothing about the key, and its 404 must not pass for a replica's.
+    else state = this.isHome[ordinal] || version !== '' ? COUNTED : FAILED;
     this.states[ordinal] = state;
     this.requirement.settle(region, state === COUNTED);
     const covered = this.standInFor[ordinal]!;
@@ -291,9 +298,8 @@ export class ReplicatedCall implements AttemptSink {
       else this.set.hints.release(this.request);
     }
     if (state === FAILED) {
-      if (!write) this.retryRead(region);
+      if (!write) this.retryRead();
     } else if (state === COUNTED) {
-      const version = write ? '' : (fields.find(VERSION_HEADER) ?? '');
       this.versions[ordinal] = version;
       const kept = this.kept;
       // A write's first acknowledgement; a read's newest answer.
@@ -313,7 +319,7 @@ export class ReplicatedCall implements AttemptSink {
     this.requirement.settle(region, false);
     const covered = this.standInFor[ordinal]!;
     if (covered >= 0) this.set.hints.release(this.request);
-    if (this.op === OP_READ) this.retryRead(region);
+    if (this.op === OP_READ) this.retryRead();
     else if (unsent && this.set.settings.sloppy) {
       // Nothing reached the node: the write may go to a stand-in for the replica it was for.
       if (this.standIn(covered >= 0 ? covered : this.targets[ordinal]!)) this.launch(this.targets.length - 1);
@@ -335,11 +341,17 @@ export class ReplicatedCall implements AttemptSink {
     }
   }
 
-  /** A read lost a target (in `region`): ask further nodes while the quorum needs them. */
-  private retryRead(region: number): void {
-    while (!this.done && !this.requirement.possible) {
-      const node = this.fallback(region);
-      if (node < 0) return;
+  /**
+   * A read lost a target: while the quorum needs more, ask further nodes that could count where
+   * it is short (with sloppy quorums; a strict route reads its replicas only).
+   */
+  private retryRead(): void {
+    if (!this.set.settings.sloppy) return;
+    const host = this.set.host;
+    for (let i = this.homes; i < this.listCount && !this.done && !this.requirement.possible; i++) {
+      const node = this.list[i]!;
+      if (this.used[node] !== 0 || !host.isRoutable(node) || !this.requirement.helps(host.regionOf[node]!)) continue;
+      this.used[node] = 1;
       const ordinal = this.addTarget(node, false, -1);
       if (!this.beginning) this.launch(ordinal);
     }
@@ -366,13 +378,16 @@ export class ReplicatedCall implements AttemptSink {
 
   private check(): void {
     if (this.beginning) return;
+    // Targets added inside `begin` (a read's further nodes) go out before anything is decided.
+    for (let i = 0; i < this.targets.length && !this.done; i++) if (this.handles[i] === null && this.states[i] === RUNNING) this.launch(i);
     if (!this.done) {
       if (this.requirement.met) this.decideAnswer();
       else if (!this.requirement.possible && !this.mayAllRefuse()) this.decideShortfall();
     }
-    // Launched late (from `retryRead` inside `begin`): out now.
-    for (let i = 0; i < this.targets.length; i++) if (this.handles[i] === null && this.states[i] === RUNNING) this.launch(i);
-    if (this.running === 0 && this.op === OP_READ) this.repair();
+    if (this.running === 0 && this.op === OP_READ && !this.repaired) {
+      this.repaired = true;
+      this.repair();
+    }
   }
 
   private countState(state: number): number {

@@ -37,7 +37,8 @@ const SENDING = 1;
 const DONE = 2;
 
 interface Hint {
-  readonly request: UpstreamRequest;
+  /** Let go once the hint is done (it may stay queued behind an older one a while). */
+  request: UpstreamRequest | null;
   readonly bytes: number;
   readonly expiresAt: number;
   state: number;
@@ -86,6 +87,8 @@ export class HintStore {
   private readonly inflight: Int32Array;
   /** Per replica: a delivery failed; wait for the next tick before trying again. */
   private readonly backoff: Uint8Array;
+  /** Per replica: hints done but still queued behind the head (an older one being retried). */
+  private readonly doneBehind: Int32Array;
   private bytes = 0;
   /** Bytes set aside for stand-ins still running. */
   private reserved = 0;
@@ -105,6 +108,7 @@ export class HintStore {
     this.heads = new Int32Array(size);
     this.inflight = new Int32Array(size);
     this.backoff = new Uint8Array(size);
+    this.doneBehind = new Int32Array(size);
   }
 
   /** Hints waiting (delivering ones included). */
@@ -170,8 +174,7 @@ export class HintStore {
       this.arm();
       return;
     }
-    hint.state = DONE;
-    this.drop(hint, outcome);
+    this.drop(node, hint, outcome);
     this.advance(node);
     if (this.backoff[node] === 0 && this.host.isRoutable(node)) this.sendMore(node);
   }
@@ -185,6 +188,7 @@ export class HintStore {
     for (let i = 0; i < lost; i++) this.host.hintCounted('lost');
     this.count = this.bytes = 0;
     for (const queue of this.queues) queue.length = 0;
+    this.doneBehind.fill(0);
     return lost;
   }
 
@@ -198,7 +202,7 @@ export class HintStore {
       this.inflight[node]!++;
       const delivery = new Delivery(this, node, hint);
       delivery.launchedAt = performance.now();
-      this.host.send(delivery, node, 0, hint.request);
+      this.host.send(delivery, node, 0, hint.request!);
     }
   }
 
@@ -209,28 +213,37 @@ export class HintStore {
       const hint = queue[i]!;
       if (hint.expiresAt > now) break;
       if (hint.state !== WAITING) continue;
-      hint.state = DONE;
-      this.drop(hint, 'expired');
+      this.drop(node, hint, 'expired');
     }
     this.advance(node);
   }
 
-  /** Moves the head past finished hints; drops them from the array once they are most of it. */
+  /**
+   * Moves the head past finished hints, and drops finished ones from the array once they are
+   * most of it (those behind a head that keeps being retried too): amortised O(1) a hint.
+   */
   private advance(node: number): void {
-    const queue = this.queues[node]!;
+    let queue = this.queues[node]!;
     let head = this.heads[node]!;
-    while (head < queue.length && queue[head]!.state === DONE) head++;
+    while (head < queue.length && queue[head]!.state === DONE) {
+      head++;
+      this.doneBehind[node]!--;
+    }
     if (head === queue.length) {
       queue.length = 0;
       head = 0;
-    } else if (head > 64 && head * 2 > queue.length) {
-      queue.splice(0, head);
+    } else if (head + this.doneBehind[node]! > 64 && (head + this.doneBehind[node]!) * 2 > queue.length) {
+      queue = this.queues[node] = queue.filter((hint) => hint.state !== DONE);
+      this.doneBehind[node] = 0;
       head = 0;
     }
     this.heads[node] = head;
   }
 
-  private drop(hint: Hint, outcome: 'delivered' | 'refused' | 'expired'): void {
+  private drop(node: number, hint: Hint, outcome: 'delivered' | 'refused' | 'expired'): void {
+    hint.state = DONE;
+    hint.request = null;
+    this.doneBehind[node]!++;
     this.bytes -= hint.bytes;
     this.count--;
     this.host.hintCounted(outcome);

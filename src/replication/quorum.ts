@@ -135,6 +135,12 @@ export class Requirement {
     return true;
   }
 
+  /** Whether one more target in `region` could count toward a need still short of targets. */
+  helps(region: number): boolean {
+    const { need, pending } = this;
+    return need[0]! > pending[0]! || need[1 + region]! > pending[1 + region]!;
+  }
+
   /** Whether the targets still running could meet every need. */
   get possible(): boolean {
     const { need, pending } = this;
@@ -145,24 +151,29 @@ export class Requirement {
 
 /**
  * Versions are decimal integers below 2^63 (an int64 for the replicas): the wall clock in
- * microseconds (milliseconds times 1000, counting up within a millisecond) times 1000, plus a
- * stamp of the thread: the process's random salt plus the thread's slot, modulo 1000, so that
- * the threads of one process never stamp the same version and two front doors rarely do (for one
- * key, in one microsecond). Strictly increasing per thread, even when the wall clock steps back.
- * Replicas keep the highest version they are sent (last write wins): the front doors' clocks
- * order writes to one key, so keep them in sync (NTP).
+ * microseconds (`Date.now()`'s milliseconds, the microseconds within them taken from the
+ * monotonic clock's fraction) times 1000, plus a stamp of the thread: the process's random salt
+ * plus the thread's slot, modulo 1000. The threads of one process never stamp the same version;
+ * two front doors stamp the same one only for writes in the same microsecond whose thread stamps
+ * collide. Strictly increasing per thread, even when the wall clock steps back. Replicas keep
+ * the highest version they are sent (last write wins): the front doors' clocks order writes to
+ * one key, so keep them in sync (NTP).
  */
 export class VersionClock {
   private lastUs = 0;
   private readonly suffix: string;
 
-  constructor(stamp: number, private readonly nowMs: () => number = Date.now) {
+  constructor(
+    stamp: number,
+    private readonly nowMs: () => number = Date.now,
+    private readonly fineMs: () => number = () => performance.now(),
+  ) {
     if (!Number.isInteger(stamp) || stamp < 0) throw new RangeError(`version clock stamp ${stamp} is not a whole number >= 0`);
     this.suffix = String(stamp % 1000).padStart(3, '0');
   }
 
   next(): string {
-    const us = Math.max(this.lastUs + 1, Math.floor(this.nowMs()) * 1000);
+    const us = Math.max(this.lastUs + 1, Math.floor(this.nowMs()) * 1000 + Math.floor((this.fineMs() % 1) * 1000));
     this.lastUs = us;
     return `${us}${this.suffix}`;
   }
