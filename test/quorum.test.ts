@@ -496,6 +496,14 @@ describe('replicated route through the front door', () => {
     assert.equal(head.headers['content-length'], '3');
   });
 
+  it('/route names a key\'s replicas on a replicated route, healthy or not', async () => {
+    const reply = await call(`${door.url}/route?board=${encodeURIComponent(KEY)}&route=${encodeURIComponent('/kv/*')}`);
+    assert.equal(reply.status, 200);
+    const body = reply.json<{ replicas: { id: string; healthy: boolean }[] }>();
+    assert.deepEqual(body.replicas, homes.map((id) => ({ id, healthy: true })));
+    assert.equal((await call(`${door.url}/route?board=x&route=/nope/*`)).status, 404);
+  });
+
   it('a deletion is a versioned write too: the key reads 404 after it', async () => {
     await call(`${door.url}/kv/gone`, { method: 'PUT', body: 'x' });
     const del = await call(`${door.url}/kv/gone`, { method: 'DELETE' });

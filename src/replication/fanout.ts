@@ -332,7 +332,9 @@ export class ReplicatedCall implements AttemptSink {
     if (this.done) return;
     let mayHaveLanded = false;
     for (let i = 0; i < this.states.length; i++) {
-      if (this.states[i] !== NOT_SENT && (this.handles[i]?.mayHaveBeenSent?.() ?? true)) mayHaveLanded = true;
+      const handle = this.handles[i]!;
+      if (this.states[i] === NOT_SENT || (this.states[i] === RUNNING && handle === null)) continue;
+      if (handle === null || handle.mayHaveBeenSent === undefined || handle.mayHaveBeenSent()) mayHaveLanded = true;
     }
     if (this.op === OP_WRITE && mayHaveLanded) {
       this.decideFailure(ErrorCodes.OUTCOME_UNKNOWN, 502, 'the front door shut down before enough replicas acknowledged; the write may be applied on some');

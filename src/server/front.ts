@@ -606,18 +606,29 @@ export class WorkerFront implements TunnelHost {
       replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST));
       return;
     }
-    const route = clusterName ? this.routes.find((r) => r.runtime.name === clusterName) : this.routes[0];
+    const pattern = req.getQuery('route');
+    const route = pattern ? this.routes.find((r) => r.spec.pattern === pattern) : clusterName ? this.routes.find((r) => r.runtime.name === clusterName) : this.routes[0];
     if (!route) {
-      replyJson(res, 404, errorBody(`unknown cluster "${clusterName}"`, ErrorCodes.NOT_FOUND));
+      const what = pattern ? `route "${pattern}"` : `cluster "${clusterName}"`;
+      replyJson(res, 404, errorBody(`unknown ${what}`, ErrorCodes.NOT_FOUND));
       return;
     }
+    const runtime = route.runtime;
     const n = route.policy.pick(board, OP_READ, this.rankScratch);
     const ranking = [];
     for (let i = 0; i < n; i++) {
       const node = this.rankScratch[i]!;
-      ranking.push({ id: route.runtime.ids[node]!, weight: route.runtime.view.weights[node]! });
+      ranking.push({ id: runtime.ids[node]!, weight: runtime.view.weights[node]! });
     }
-    replyJson(res, 200, JSON.stringify({ board, ranking, healthy: this.healthyIds(route.runtime) }), this.draining);
+    const answer: Record<string, unknown> = { board, ranking, healthy: this.healthyIds(runtime) };
+    if (route.replicas !== null) {
+      // A replicated route: the key's replicas, healthy or not (stand-ins come from the ranking).
+      const count = Math.min(route.replicas.settings.n, runtime.membersFor(board, this.rankScratch, route.replicas.walk));
+      const replicas = [];
+      for (let i = 0; i < count; i++) replicas.push({ id: runtime.ids[this.rankScratch[i]!]!, healthy: runtime.isRoutable(this.rankScratch[i]!) });
+      answer.replicas = replicas;
+    }
+    replyJson(res, 200, JSON.stringify(answer), this.draining);
   }
 
   private stats(res: HttpResponse): void {
