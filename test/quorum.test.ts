@@ -655,6 +655,71 @@ describe('replicated route through the front door', () => {
   });
 });
 
+describe('replicated route under faults: reads see the last acknowledged write', () => {
+  it('holds read-your-writes through replicas going down and coming back, then converges', async () => {
+    const nodes = await startNodes('f-a', 'f-b', 'f-c', 'f-d', 'f-e');
+    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const ids = nodes.map((n) => n.id);
+    const door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 2,
+      clusters: [{ name: 'store', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: QUORUM }],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings(),
+    });
+    // A fixed pseudo-random sequence: the same faults every run.
+    let seed = 7;
+    const random = (): number => ((seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31) / 2 ** 31);
+    const membership = door.memberships[0]!;
+    const down = new Set<string>();
+    try {
+      const keys = ['/kv/k0', '/kv/k1', '/kv/k2', '/kv/k3'];
+      const latest = new Map<string, string>();
+      for (let step = 0; step < 60; step++) {
+        // Now and then a node goes down, or comes back (at most one down at a time: n - w = 1).
+        if (step % 6 === 0) {
+          const node = nodes[Math.floor(random() * nodes.length)]!;
+          for (const id of [...down]) nodes.find((n) => n.id === id)!.healthy = true;
+          down.clear();
+          if (random() < 0.7) {
+            node.healthy = false;
+            down.add(node.id);
+          }
+          await membership.probeOnce();
+        }
+        const key = keys[step % keys.length]!;
+        const value = `value-${step}`;
+        const put = await call(`${door.url}${key}`, { method: 'PUT', body: value });
+        assert.equal(put.status, 204, `step ${step}: ${put.text}`);
+        latest.set(key, value);
+        const got = await call(`${door.url}${key}`);
+        assert.equal(got.text, value, `step ${step}: read after the acknowledged write of ${key} (down: ${[...down].join(',') || 'none'})`);
+      }
+      // Everyone back: the hints are handed over, and a read repairs whatever they missed.
+      for (const n of nodes) n.healthy = true;
+      while (membership.healthyIds().length < nodes.length) await membership.probeOnce();
+      let stats = (await call(`${door.url}/stats`)).json<{ quorum: { hints: { pending: number; delivered: number } } }>();
+      while (stats.quorum.hints.pending > 0) {
+        await Promise.race(nodes.map((n) => once(n, 'request'))); // a hint being handed over
+        stats = (await call(`${door.url}/stats`)).json<{ quorum: { hints: { pending: number; delivered: number } } }>();
+      }
+      for (const [key, value] of latest) {
+        assert.equal((await call(`${door.url}${key}`)).text, value);
+        const replicas = preference(ids, key).slice(0, 3).map((id) => nodes.find((n) => n.id === id)!);
+        // The repair from that read may still be on its way.
+        for (const replica of replicas) while (replica.store.get(key)?.body !== value) await once(replica, 'request');
+      }
+      assert.ok(stats.quorum.hints.delivered > 0, 'some writes went through stand-ins and were handed over');
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+});
+
 describe('replicated route: a replica that refuses the connection', () => {
   it('gets a stand-in (nothing reached it), and the write once it is back', async () => {
     // A front door of its own: its workers hold no connection to the replica yet, so the write
