@@ -153,6 +153,20 @@ describe('preferring a region', () => {
     assert.equal(preferRegion(list, 5, regionOf, 2), 0, 'no candidate there: unchanged');
     assert.deepEqual([...list], [0, 2, 4, 1, 3]);
   });
+
+  it('lets a round robin\'s region candidates take turns evenly', () => {
+    // Five nodes, the region's two side by side: without turns the first of them after each
+    // rotation's start would take four placements in five.
+    const regionOf = Int32Array.from([1, 1, 0, 0, 1]);
+    const first = new Map<number, number>();
+    for (let turn = 0; turn < 100; turn++) {
+      const list = Int32Array.from({ length: 5 }, (_, i) => (turn + i) % 5); // the round robin's order
+      assert.equal(preferRegion(list, 5, regionOf, 0, turn), 2);
+      first.set(list[0]!, (first.get(list[0]!) ?? 0) + 1);
+      assert.deepEqual([...list.subarray(2)].sort(), [0, 1, 4], 'the others keep their place after');
+    }
+    assert.deepEqual([...first.entries()].sort(), [[2, 50], [3, 50]]);
+  });
 });
 
 describe('pinning a candidate list', () => {

@@ -56,7 +56,7 @@ export class UpstreamRequest implements H1Request {
 
 /**
  * Whoever an attempt reports to: the exchange (one answer from one of its candidates), or a
- * replicated route's fan-out and hint handoff (forward/replicas.ts).
+ * replicated route's fan-out and hint handoff (replication/fanout.ts, replication/hints.ts).
  */
 export interface AttemptSink {
   /** performance.now() as the attempt was launched: read as the attempt is made. */

@@ -28,7 +28,8 @@
  *  6              websockets     WebSocket tunnels open (a gauge: up when the node accepts, down
  *                                when the tunnel ends)
  *  7              reserved
- *  8              quorumFailures replicated requests answered 502/503 for want of a quorum
+ *  8              quorumFailures replicated requests the front door answered with an error of its
+ *                                own: no quorum (502/503), nothing sent (503), or shut down
  *  9              standIns       writes and reads sent to a node past the key's replicas: a
  *                                stand-in for one that was down, or a read's further node
  * 10              readRepairs    newer values sent to replicas that answered an older one
@@ -36,7 +37,8 @@
  * 12              hintsDelivered hints their replica acknowledged
  * 13              hintsExpired   hints dropped unsent after the hint window
  * 14              hintsRefused   hints their replica refused (4xx) and that were dropped
- * 15              reserved
+ * 15              hintsLost      hints forgotten as their worker stopped (a crashed worker's are
+ *                                not counted: they went with it)
  * 16 + 4n + 0     node n: attempts started
  * 16 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
  * 16 + 4n + 2     node n: attempts in flight (up on start, down on end)
@@ -58,6 +60,7 @@ export const C_HINTS_PENDING = 11;
 export const C_HINTS_DELIVERED = 12;
 export const C_HINTS_EXPIRED = 13;
 export const C_HINTS_REFUSED = 14;
+export const C_HINTS_LOST = 15;
 const SLOT_HEADER = 16;
 const PER_NODE = 4;
 export const N_ATTEMPTS = 0;
@@ -90,6 +93,7 @@ export interface CounterTotals {
   hintsDelivered: number;
   hintsExpired: number;
   hintsRefused: number;
+  hintsLost: number;
   nodes: { attempts: number; failures: number; inflight: number; wins: number }[];
 }
 
@@ -199,6 +203,7 @@ export function readTotals(buffer: SharedArrayBuffer, slots: number, nodeCount: 
     hintsDelivered: sum(C_HINTS_DELIVERED),
     hintsExpired: sum(C_HINTS_EXPIRED),
     hintsRefused: sum(C_HINTS_REFUSED),
+    hintsLost: sum(C_HINTS_LOST),
     nodes,
   };
 }

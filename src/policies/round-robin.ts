@@ -6,6 +6,7 @@ import { rotateInto, routable, type ClusterView, type Policy } from './types.js'
 
 export class RoundRobinPolicy implements Policy {
   readonly name = 'round_robin';
+  readonly rotating = true;
   private nodes: number[] = [];
   private next = 0;
 

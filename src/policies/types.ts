@@ -28,6 +28,12 @@ export interface Policy {
   observe?(node: number, latencyMs: number, ok: boolean, op: number): void;
   /** Writes go to the published leader: an affinity ticket must not move them elsewhere. */
   readonly leaderWrites?: boolean;
+  /**
+   * The first candidate takes turns (round robin): when a region's candidates are moved ahead,
+   * they take turns among themselves too (see `preferRegion`), or the first of them after each
+   * turn's start would take most placements.
+   */
+  readonly rotating?: boolean;
   /** A write to the published leader could not connect: stop pinning writes to it until the next update. */
   leaderUnreachable?(node: number): void;
 }
@@ -74,10 +80,10 @@ export function pinFirst(candidates: Int32Array, count: number, node: number, ro
 
 /**
  * Moves the candidates whose region is `region` (by `regionOf`) ahead of the others, each group
- * keeping its order; returns how many are in `region`. Placement by affinity ticket prefers the
- * client's region (seed 004).
+ * keeping its order (the region's rotated by `turn` when one is given); returns how many are in
+ * `region`. Placement by affinity ticket prefers the client's region (seed 004).
  */
-export function preferRegion(candidates: Int32Array, count: number, regionOf: Int32Array, region: number): number {
+export function preferRegion(candidates: Int32Array, count: number, regionOf: Int32Array, region: number, turn = -1): number {
   let front = 0;
   for (let i = 0; i < count; i++) {
     const node = candidates[i]!;
@@ -87,6 +93,14 @@ export function preferRegion(candidates: Int32Array, count: number, regionOf: In
       candidates[front] = node;
     }
     front++;
+  }
+  // A rotating policy's turn: the region's candidates rotated by it, so that they share it evenly.
+  if (turn >= 0 && front > 1) {
+    for (let shift = turn % front; shift > 0; shift--) {
+      const first = candidates[0]!;
+      candidates.copyWithin(0, 1, front);
+      candidates[front - 1] = first;
+    }
   }
   return front;
 }

@@ -13,9 +13,9 @@
  * left (connection refused) goes to a stand-in instead; one that may have reached its node is
  * never sent to another. A read goes to the same targets and, when one fails, to a further node.
  *
- * What counts: a write's 2xx; a read's 200, or 404 (no value, or a deletion). A 502/503/504, a
- * read's other 5xx, and a transport failure are failures; any other answer is a refusal (a 4xx:
- * the request itself is wrong), which does not count.
+ * What counts: a write's 2xx; a read's 200, or 404 (no value, or a deletion), from one of the
+ * key's replicas, or from a node past them only with a version. A 5xx and a transport failure
+ * are failures; any other answer (a 4xx, a 3xx) is a refusal, which does not count.
  *
  * Before anything is sent, a request whose targets could not meet its quorum even if all
  * answered is refused: 503, nothing written. After:
@@ -284,7 +284,7 @@ export class ReplicatedCall implements AttemptSink {
     // A read's version, when it has a value to compare (200), or a deletion's (404).
     const version = !write && (status === 200 || status === 404) ? (fields.find(VERSION_HEADER) ?? '') : '';
     let state: number;
-    if (isGatewayFailure(status) || (!write && status >= 500)) state = FAILED;
+    if (isGatewayFailure(status) || status >= 500) state = FAILED;
     else if (write) state = status >= 200 && status < 300 ? COUNTED : REFUSED;
     else if (status !== 200 && status !== 404) state = REFUSED;
     // A node past the replicas holds only what it stood in for: without a version it knows

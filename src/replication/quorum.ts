@@ -32,7 +32,7 @@ export interface QuorumSettings {
   readonly sloppy: boolean;
   /** How long a hint is kept for its replica to come back, milliseconds. */
   readonly hintWindowMs: number;
-  /** Bytes of hints one worker thread keeps per cluster; past them, no stand-ins are used. */
+  /** Bytes of hints one worker thread keeps for the route; past them, no stand-ins are used. */
   readonly maxHintBytes: number;
 }
 

@@ -20,6 +20,7 @@ import {
   C_HEDGES_DENIED,
   C_HEDGE_WINS,
   C_HINTS_DELIVERED,
+  C_HINTS_LOST,
   C_HINTS_EXPIRED,
   C_HINTS_PENDING,
   C_HINTS_REFUSED,
@@ -168,6 +169,15 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     return this.indexById.get(id) ?? -1;
   }
 
+  private regionTurn = 0;
+
+  /** A rotating policy's next turn among a region's candidates (see `preferRegion`); else -1. */
+  turnFor(policy: Policy): number {
+    if (policy.rotating !== true) return -1;
+    this.regionTurn = (this.regionTurn + 1) & 0x3fffffff;
+    return this.regionTurn;
+  }
+
   /** The index of region `name` among this cluster's nodes, or -1 (none of them is there). */
   regionIndex(name: string | null): number {
     return name === null || name === '' ? -1 : this.regionNames.indexOf(name);
@@ -252,7 +262,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     if (event === 'stored') slot.bump(C_HINTS_PENDING);
     else {
       slot.drop(C_HINTS_PENDING);
-      if (event !== 'lost') slot.bump(event === 'delivered' ? C_HINTS_DELIVERED : event === 'expired' ? C_HINTS_EXPIRED : C_HINTS_REFUSED);
+      slot.bump(event === 'delivered' ? C_HINTS_DELIVERED : event === 'expired' ? C_HINTS_EXPIRED : event === 'refused' ? C_HINTS_REFUSED : C_HINTS_LOST);
     }
   }
 

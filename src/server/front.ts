@@ -189,7 +189,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     // Placed by ticket, a client goes to its region first (a leader's writes stay with the leader).
     if (this.region !== null && !(this.op !== OP_READ && this.route.policy.leaderWrites === true)) {
       const region = runtime.regionIndex(this.region);
-      if (region >= 0) preferRegion(exchange.candidates, exchange.count, runtime.regionOf, region);
+      if (region >= 0) preferRegion(exchange.candidates, exchange.count, runtime.regionOf, region, runtime.turnFor(this.route.policy));
     }
     // Where writes belong to the leader (hybrid), a ticket does not move them; the client keeps it.
     if (this.pinned >= 0 && this.op !== OP_READ && this.route.policy.leaderWrites === true) this.ticketKept = true;

@@ -222,7 +222,7 @@ export class FrontDoor extends EventEmitter {
         failures: totals.quorumFailures,
         standIns: totals.standIns,
         readRepairs: totals.readRepairs,
-        hints: { pending: totals.hintsPending, delivered: totals.hintsDelivered, expired: totals.hintsExpired, refused: totals.hintsRefused },
+        hints: { pending: totals.hintsPending, delivered: totals.hintsDelivered, expired: totals.hintsExpired, refused: totals.hintsRefused, lost: totals.hintsLost },
       },
       healthy: this.memberships.flatMap((m) => m.healthyIds()),
       leaders: Object.fromEntries(

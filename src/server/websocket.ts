@@ -222,7 +222,7 @@ export class WebSocketTunnels {
       }
     }
     const regionIndex = runtime.regionIndex(region);
-    if (regionIndex >= 0) preferRegion(ranking, count, runtime.regionOf, regionIndex);
+    if (regionIndex >= 0) preferRegion(ranking, count, runtime.regionOf, regionIndex, runtime.turnFor(route.policy));
     if (pin >= 0) pinFirst(ranking, count, pin, runtime.view.weights[pin]! > 0);
     host.slot.bump(C_REQUESTS);
     if (offered !== '') headers['sec-websocket-protocol'] = offered;
