@@ -4,7 +4,9 @@
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { createServer as createHttpsServer } from 'node:https';
 import { createServer, type AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
@@ -155,6 +157,32 @@ describe('lakefront command: running', () => {
     await assert.rejects(call(`${url}/health`, { fresh: true }), 'no longer accepting');
     assert.ok(!run.output().includes('do-not-log-me'), 'the Authorization header never reaches the log');
     for (const n of nodes) n.behaviour = { kind: 'answer' };
+  });
+
+  it('says on the way out how many hints for replicas that were down it dropped', async () => {
+    const replicas = await startNodes('hint-a', 'hint-b', 'hint-c', 'hint-d');
+    const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
+    try {
+      for (const n of replicas) n.behaviour = { kind: 'replica' };
+      replicas[0]!.healthy = false; // down from the start: its writes go to stand-ins, as hints
+      const file = join(dir, 'lf.json');
+      writeFileSync(file, JSON.stringify({
+        clusters: [{ name: 'kv', nodes: replicas.map((n) => ({ id: n.id, url: n.url })) }],
+        routes: [{ path: '/kv/*', cluster: 'kv', quorum: { n: 3 } }],
+      }));
+      const run = start(['--config', file, '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000']);
+      const [, url] = await waitForLine(run.child, /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+      // hint-a is one of three replicas of most keys.
+      for (let i = 0; i < 4; i++) assert.equal((await call(`${url}/kv/key-${i}`, { method: 'PUT', body: 'x' })).status, 204);
+      const held = (await call(`${url}/stats`)).json<{ quorum: { hints: { pending: number } } }>().quorum.hints.pending;
+      assert.ok(held > 0);
+      run.child.kill('SIGTERM');
+      assert.equal(await exitOf(run), 0);
+      assert.match(run.output(), new RegExp(`lakefront: ${held} hint\\(s\\) for replicas that were down were dropped at shutdown`));
+    } finally {
+      await Promise.all(replicas.map((n) => n.stop()));
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('a second SIGINT during the drain ends the process by that signal at once, not by an abort', async () => {

@@ -233,6 +233,11 @@ export class FrontDoor extends EventEmitter {
     };
   }
 
+  /** Hints (replicated routes) forgotten as their workers stopped: see `/stats` quorum.hints.lost. */
+  hintsLost(): number {
+    return readTotals(this.counters, this.counterSlots, this.nodes.length).hintsLost;
+  }
+
   /** Fault injection: makes worker `slot` throw an uncaught exception. It is then replaced. */
   crashWorker(slot: number): void {
     this.post(this.handleOf(slot).worker, { t: 'crash' });
