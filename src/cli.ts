@@ -121,6 +121,7 @@ async function main(): Promise<void> {
         // Not silently: what the drain dropped of the replicated routes' hinted handoff.
         const lost = door.hintsLost();
         if (lost > 0) process.stderr.write(`lakefront: ${lost} hint(s) for replicas that were down were dropped at shutdown; read repair converges those keys when they are read\n`);
+        if (door.hintsSaved > 0) process.stdout.write(`lakefront: ${door.hintsSaved} hint(s) for replicas that were down saved to ${config.hintsFile} for the next start\n`);
       })
       .then(() => demo?.close())
       .then(

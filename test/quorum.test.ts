@@ -15,7 +15,10 @@ import { Requirement, VersionClock, compareVersions, type QuorumSettings } from 
 import { parseFileConfig } from '../src/config/file.js';
 import { ConfigError } from '../src/errors.js';
 import { defaultSettings } from '../src/server/settings.js';
-import { FrontDoor } from '../src/server/supervisor.js';
+import { FrontDoor, loadHints } from '../src/server/supervisor.js';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 import { call, inTurn, rawExchange } from './fixtures/http.js';
 
@@ -716,6 +719,76 @@ describe('replicated route under faults: reads see the last acknowledged write',
     } finally {
       await door.stop();
       await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+});
+
+describe('replicated route: hints saved at a stop', () => {
+  it('a stop saves the hints not yet handed over, and the next start hands them over', async () => {
+    const nodes = await startNodes('s-a', 's-b', 's-c', 's-d');
+    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const ids = nodes.map((n) => n.id);
+    const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
+    const hintsFile = join(dir, 'hints.json');
+    const config = {
+      host: '127.0.0.1',
+      port: 0,
+      threads: 2,
+      clusters: [{ name: 'store', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring' as const, keyHeader: null, quorum: QUORUM }],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings(),
+      hintsFile,
+    };
+    const key = '/kv/saved';
+    const down = nodes.find((n) => n.id === preference(ids, key)[0])!;
+    try {
+      down.healthy = false;
+      const first = await FrontDoor.start(config);
+      let put;
+      try {
+        put = await call(`${first.url}${key}`, { method: 'PUT', body: 'kept', headers: { 'content-type': 'text/plain' } });
+        assert.equal(put.status, 204);
+        assert.equal((await call(`${first.url}/stats`)).json<{ quorum: { hints: { pending: number } } }>().quorum.hints.pending, 1);
+      } finally {
+        await first.stop();
+      }
+      assert.equal(first.hintsSaved, 1);
+      assert.equal(first.hintsLost(), 0, 'saved, not lost');
+      const saved = JSON.parse(readFileSync(hintsFile, 'utf8')) as { hints: { node: string; route: string; body: string }[] };
+      assert.deepEqual(saved.hints.map((h) => [h.node, h.route, Buffer.from(h.body, 'base64').toString()]), [[down.id, '/kv/*', 'kept']]);
+      assert.equal(down.hits(), 0);
+      // The replica is back; the next front door hands it the write, same version.
+      down.healthy = true;
+      const second = await FrontDoor.start(config);
+      try {
+        assert.ok(!existsSync(hintsFile), 'taken back: the file is gone');
+        while (down.hits('/kv/') === 0) await once(down, 'request');
+        assert.equal(down.received[0]!.headers['x-lakefront-version'], put.headers['x-lakefront-version']);
+        assert.equal(down.received[0]!.headers['content-type'], 'text/plain');
+        assert.equal(down.store.get(key)!.body, 'kept');
+      } finally {
+        await second.stop();
+      }
+      assert.equal(second.hintsSaved, 0);
+      assert.ok(!existsSync(hintsFile), 'nothing left to save');
+    } finally {
+      await Promise.all(nodes.map((n) => n.stop()));
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('sets aside a hints file it cannot read, and starts', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
+    try {
+      const file = join(dir, 'hints.json');
+      writeFileSync(file, '{"version":1,"hints":[{"route":1}]}');
+      assert.deepEqual(loadHints(file), []);
+      assert.ok(existsSync(`${file}.unreadable`));
+      assert.deepEqual(loadHints(join(dir, 'none.json')), [], 'no file: no hints');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });

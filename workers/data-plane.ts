@@ -61,8 +61,8 @@ port.on('message', (message: MainMessage) => {
       send({ t: 'histograms', id: message.id, encoded: running.collect() });
       break;
     case 'drain':
-      running.drain().then((abandoned) => {
-        send({ t: 'drained', abandoned });
+      running.drain().then(({ abandoned, hints }) => {
+        send({ t: 'drained', abandoned, hints });
         // Let the message flush before the thread ends; counts made since the drain's own flush
         // (attempts ending as their pools closed) go in too.
         setImmediate(() => {

@@ -52,6 +52,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'upstream-connections', env: 'LAKEFRONT_UPSTREAM_CONNECTIONS', value: 'n', help: 'keep-alive connections per node, per thread [64]' },
   { flag: 'cancel-grace-ms', env: 'LAKEFRONT_CANCEL_GRACE_MS', value: 'ms', help: 'a hedge loser may finish this long before its connection is closed [250]' },
   { flag: 'drain-timeout-ms', env: 'LAKEFRONT_DRAIN_TIMEOUT_MS', value: 'ms', help: 'on SIGTERM/SIGINT, wait this long for in-flight requests [10000]' },
+  { flag: 'hints-file', env: 'LAKEFRONT_HINTS_FILE', value: 'path', help: "replicated routes: where a stop saves the hints not yet handed over, and the next start takes them back [none: dropped]" },
 ];
 
 export const DEFAULT_PORT = 8080;
@@ -231,6 +232,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     clusters,
     routes,
     ...(file?.region !== undefined ? { region: file.region } : {}),
+    hintsFile: read('hints-file')?.[0] ?? file?.hintsFile ?? null,
     healthIntervalMs: int('health-interval-ms', DEFAULT_HEALTH_INTERVAL_MS, 10, 3_600_000),
     healthTimeoutMs: int('health-timeout-ms', DEFAULT_HEALTH_TIMEOUT_MS, 1, 60_000),
     settings: defaultSettings({

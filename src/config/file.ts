@@ -33,6 +33,8 @@ export interface FileConfig {
   readonly threads?: number;
   /** The front door's own region (local_quorum). */
   readonly region?: string;
+  /** Where hints are saved at a stop (see `--hints-file`). */
+  readonly hintsFile?: string;
   readonly clusters: ClusterConfig[];
   readonly routes: RouteConfig[];
 }
@@ -189,7 +191,7 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
 /** Validates a parsed configuration file. */
 export function parseFileConfig(raw: unknown, file: string): FileConfig {
   if (!isObject(raw)) fail(file, 'must hold a JSON object');
-  known(raw, ['port', 'host', 'threads', 'region', 'clusters', 'routes'], file);
+  known(raw, ['port', 'host', 'threads', 'region', 'hintsFile', 'clusters', 'routes'], file);
   const region = str(raw, 'region', file);
   if (region !== undefined && !/^[A-Za-z0-9._-]{1,64}$/.test(region)) fail(`${file}: region`, `must be 1-64 letters, digits, '.', '_' or '-', got ${JSON.stringify(region)}`);
   const clustersRaw = raw.clusters;
@@ -297,6 +299,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     ...(threads !== undefined ? { threads } : {}),
     ...(str(raw, 'host', file) !== undefined ? { host: raw.host as string } : {}),
     ...(region !== undefined ? { region } : {}),
+    ...(str(raw, 'hintsFile', file) !== undefined ? { hintsFile: raw.hintsFile as string } : {}),
     clusters,
     routes,
   };

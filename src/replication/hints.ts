@@ -29,8 +29,16 @@ export interface HandoffHost {
   hintCounted(event: HintEvent): void;
 }
 
-/** `lost`: forgotten as the worker stopped. */
-export type HintEvent = 'stored' | 'delivered' | 'expired' | 'refused' | 'lost';
+/** `lost`: forgotten as the worker stopped; `saved`: handed over for saving as it stopped. */
+export type HintEvent = 'stored' | 'delivered' | 'expired' | 'refused' | 'lost' | 'saved';
+
+/** A hint as it leaves a stopping worker, or comes into a starting one. */
+export interface HintRecord {
+  readonly node: number;
+  readonly request: UpstreamRequest;
+  /** When it expires, wall clock (ms since the epoch). */
+  readonly expiresAt: number;
+}
 
 const WAITING = 0;
 const SENDING = 1;
@@ -179,13 +187,45 @@ export class HintStore {
     if (this.backoff[node] === 0 && this.host.isRoutable(node)) this.sendMore(node);
   }
 
-  /** Forgets every hint (the worker is stopping); returns how many were still waiting. */
-  close(): number {
+  /**
+   * Every hint not yet handed over (being handed over included: delivering one twice changes
+   * nothing), to be saved as the worker stops.
+   */
+  export(): HintRecord[] {
+    const out: HintRecord[] = [];
+    const shift = Date.now() - this.now();
+    this.queues.forEach((queue, node) => {
+      for (const hint of queue) if (hint.state !== DONE && hint.request !== null) out.push({ node, request: hint.request, expiresAt: hint.expiresAt + shift });
+    });
+    return out;
+  }
+
+  /**
+   * Takes a hint saved by an earlier run (see `export`); false when it has expired or there is
+   * no room for it.
+   */
+  adopt(record: HintRecord): boolean {
+    const expiresAt = record.expiresAt - Date.now() + this.now();
+    const bytes = hintCost(record.request);
+    if (this.closed || expiresAt <= this.now() || this.bytes + this.reserved + bytes > this.maxBytes) return false;
+    this.queues[record.node]!.push({ request: record.request, bytes, expiresAt, state: WAITING });
+    this.bytes += bytes;
+    this.count++;
+    this.host.hintCounted('stored');
+    this.arm();
+    return true;
+  }
+
+  /**
+   * Forgets every hint (the worker is stopping); returns how many were still waiting. `saved`:
+   * they were exported to be saved, so not lost.
+   */
+  close(saved = false): number {
     this.closed = true;
     if (this.timer !== null) clearTimeout(this.timer);
     this.timer = null;
     const lost = this.count;
-    for (let i = 0; i < lost; i++) this.host.hintCounted('lost');
+    for (let i = 0; i < lost; i++) this.host.hintCounted(saved ? 'saved' : 'lost');
     this.count = this.bytes = 0;
     for (const queue of this.queues) queue.length = 0;
     this.doneBehind.fill(0);

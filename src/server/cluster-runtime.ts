@@ -260,6 +260,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   hintCounted(event: HintEvent): void {
     const slot = this.slot;
     if (event === 'stored') slot.bump(C_HINTS_PENDING);
+    else if (event === 'saved') slot.drop(C_HINTS_PENDING);
     else {
       slot.drop(C_HINTS_PENDING);
       slot.bump(event === 'delivered' ? C_HINTS_DELIVERED : event === 'expired' ? C_HINTS_EXPIRED : event === 'refused' ? C_HINTS_REFUSED : C_HINTS_LOST);

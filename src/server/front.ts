@@ -27,7 +27,7 @@ import { NodeHistograms } from '../metrics/histograms.js';
 import { pinFirst, preferRegion, type Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
-import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type NodeSpec, type RouteSpec, type WorkerInit } from './protocol.js';
+import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type NodeSpec, type RouteSpec, type SavedHint, type WorkerInit } from './protocol.js';
 import { statusBytes, writeRelayedHeaders } from './relay.js';
 import { loadUws, type Uws } from './uws.js';
 import { WebSocketTunnels, type TunnelHost } from './websocket.js';
@@ -417,10 +417,22 @@ export class WorkerFront implements TunnelHost {
       };
     });
     this.rankScratch = new Int32Array(Math.max(1, ...this.runtimes.map((r) => r.size)));
+    this.adoptHints(init.hints);
     this.refresh();
     this.app = this.uws.App();
     this.tunnels = new WebSocketTunnels(this);
     this.mount();
+  }
+
+  /** Takes the hints an earlier run saved: each to its route and replica, if both still exist. */
+  private adoptHints(saved: readonly SavedHint[]): void {
+    for (const hint of saved) {
+      const route = this.routes.find((r) => r.spec.pattern === hint.route && r.replicas !== null);
+      const node = route ? route.runtime.indexOf(hint.node) : -1;
+      if (!route || node < 0) continue;
+      const body = hint.body === null ? null : Buffer.from(hint.body.buffer, hint.body.byteOffset, hint.body.byteLength);
+      route.replicas!.hints.adopt({ node, request: new UpstreamRequest(hint.method, hint.path, [...hint.headers], body), expiresAt: hint.expiresAt });
+    }
   }
 
   get nodes(): readonly NodeSpec[] {
@@ -494,7 +506,7 @@ export class WorkerFront implements TunnelHost {
    * Stops accepting, lets in-flight requests finish (up to `drainTimeoutMs`), then closes every
    * connection and pool. Returns how many requests were still running at the deadline.
    */
-  async drain(): Promise<number> {
+  async drain(): Promise<{ abandoned: number; hints: SavedHint[] }> {
     this.draining = true;
     this.closeListenSocket();
     // WebSockets are long-lived: they are told the front door is going away (1001) now.
@@ -509,7 +521,19 @@ export class WorkerFront implements TunnelHost {
       });
     }
     const abandoned = this.active;
-    for (const route of this.routes) route.replicas?.hints.close();
+    // The hints still held are saved (a hints file is set) or dropped (and counted).
+    const hints: SavedHint[] = [];
+    for (const route of this.routes) {
+      const store = route.replicas?.hints;
+      if (!store) continue;
+      if (this.init.saveHints) {
+        for (const { node, request, expiresAt } of store.export()) {
+          const { method, path, headers, body } = request;
+          hints.push({ route: route.spec.pattern, node: route.runtime.ids[node]!, method, path, headers, body, expiresAt });
+        }
+      }
+      store.close(this.init.saveHints);
+    }
     // Every request still unanswered gets an answer (503, or 502 for a bare write that may have
     // been applied) before the connections close.
     while (this.unfinished !== null) this.unfinished.shutDown();
@@ -523,7 +547,7 @@ export class WorkerFront implements TunnelHost {
     this.agent.close(true);
     this.histograms.destroy();
     this.slot.flush();
-    return abandoned;
+    return { abandoned, hints };
   }
 
   /** Adds this thread's batched counts to the shared counters now. */

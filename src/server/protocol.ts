@@ -124,6 +124,25 @@ export interface WorkerInit {
   readonly region: string | null;
   /** Random per process, added to the slot in version stamps (replication/quorum.ts). */
   readonly versionSalt: number;
+  /** Hints an earlier run saved, for this worker to hand over (replicated routes). */
+  readonly hints: readonly SavedHint[];
+  /** Whether a stopping worker's hints are saved (a hints file is configured), not dropped. */
+  readonly saveHints: boolean;
+}
+
+/** A replicated route's hint as it is saved between runs (see `--hints-file`). */
+export interface SavedHint {
+  /** The route's pattern, e.g. `/kv/*`. */
+  readonly route: string;
+  /** The replica's node id. */
+  readonly node: string;
+  readonly method: string;
+  readonly path: string;
+  /** [name, value, ...], the version among them. */
+  readonly headers: readonly string[];
+  readonly body: Uint8Array | null;
+  /** Wall clock, ms since the epoch. */
+  readonly expiresAt: number;
 }
 
 /** Worker -> main. */
@@ -135,7 +154,7 @@ export type WorkerMessage =
   | { readonly t: 'node-refused'; readonly node: number }
   /** A write pinned to the cluster's published leader could not connect to it. */
   | { readonly t: 'leader-failed'; readonly node: number }
-  | { readonly t: 'drained'; readonly abandoned: number };
+  | { readonly t: 'drained'; readonly abandoned: number; readonly hints: readonly SavedHint[] };
 
 /** Main -> worker. */
 export type MainMessage =

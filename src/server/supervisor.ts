@@ -8,6 +8,8 @@
  */
 import type { AffinitySettings } from '../affinity/tickets.js';
 import { EventEmitter } from 'node:events';
+import { Buffer } from 'node:buffer';
+import { readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { Worker } from 'node:worker_threads';
 import { ConfigError } from '../errors.js';
@@ -18,7 +20,7 @@ import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
 import { EtcdLeaderProbe } from '../membership/leader.js';
 import { quorumProblem, type QuorumSettings } from '../replication/quorum.js';
-import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, WorkerInit, WorkerMessage } from './protocol.js';
+import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, SavedHint, WorkerInit, WorkerMessage } from './protocol.js';
 
 export interface ClusterConfig {
   readonly name: string;
@@ -57,6 +59,11 @@ export interface FrontDoorConfig {
   readonly fetch?: typeof globalThis.fetch;
   /** The front door's own region (`local_quorum` on replicated routes). */
   readonly region?: string | null;
+  /**
+   * Where a stopping front door saves its replicated routes' hints, and a starting one takes them
+   * back from (then deletes the file). Null: hints are dropped at a stop (and counted).
+   */
+  readonly hintsFile?: string | null;
 }
 
 const WORKER_URL = new URL('../../workers/data-plane.js', import.meta.url);
@@ -102,6 +109,12 @@ export class FrontDoor extends EventEmitter {
   private stopping: Promise<void> | null = null;
   /** Added to each worker's slot in its version stamps (replicated routes): see VersionClock. */
   private readonly versionSalt = Math.floor(Math.random() * 1000);
+  /** Hints read from the hints file, for the first worker to start; then empty. */
+  private loadedHints: SavedHint[] = [];
+  /** Hints the stopping workers handed over, to be saved. */
+  private readonly stoppedHints: SavedHint[] = [];
+  /** How many hints the last stop saved to the hints file. */
+  hintsSaved = 0;
 
   private constructor(config: FrontDoorConfig) {
     super();
@@ -179,6 +192,7 @@ export class FrontDoor extends EventEmitter {
   /** Probes membership once, starts health polling and the workers; resolves once all listen. */
   static async start(config: FrontDoorConfig): Promise<FrontDoor> {
     const door = new FrontDoor(config);
+    door.loadedHints = config.hintsFile ? loadHints(config.hintsFile) : [];
     await Promise.all([...door.memberships.map((m) => m.probeOnce()), ...door.leaderProbes.map((p) => p?.probeOnce())]);
     try {
       await door.spawnAll();
@@ -186,6 +200,8 @@ export class FrontDoor extends EventEmitter {
       await door.stop();
       throw err;
     }
+    // The hints are the first worker's now (and saved again at the next stop).
+    if (config.hintsFile) rmSync(config.hintsFile, { force: true });
     for (const membership of door.memberships) membership.start();
     for (const probe of door.leaderProbes) probe?.start();
     return door;
@@ -325,6 +341,7 @@ export class FrontDoor extends EventEmitter {
         }),
     );
     await Promise.all(exits);
+    if (this.config.hintsFile) this.hintsSaved = saveHints(this.config.hintsFile, [...this.loadedHints, ...this.stoppedHints]);
     // A stuck worker stays listed: it still runs, and holds its sockets.
     for (const [slot, handle] of this.workers) if (handle.worker.threadId < 0) this.workers.delete(slot);
     if (stuck.length > 0) {
@@ -390,7 +407,10 @@ export class FrontDoor extends EventEmitter {
       settings: this.config.settings,
       region: this.config.region ?? null,
       versionSalt: this.versionSalt,
+      hints: this.loadedHints,
+      saveHints: Boolean(this.config.hintsFile),
     };
+    this.loadedHints = [];
     const worker = new Worker(WORKER_URL, { workerData: init, stderr: false, stdout: false });
     const previous = this.workers.get(slot);
     const handle: WorkerHandle = { slot, worker, deaths: previous?.deaths ?? [] };
@@ -460,6 +480,9 @@ export class FrontDoor extends EventEmitter {
         }
         break;
       }
+      case 'drained':
+        this.stoppedHints.push(...message.hints);
+        break;
       case 'node-refused': {
         const node = this.nodes[message.node];
         if (node) this.memberships[node.cluster]!.markUnhealthy(node.id);
@@ -520,4 +543,46 @@ function bindOnce(host: string, port: number): Promise<number> {
       server.close(() => resolve(bound));
     });
   });
+}
+
+/**
+ * Reads a hints file saved at an earlier stop. One that cannot be read as hints is set aside
+ * (renamed `.unreadable`) with a line on stderr: start-up goes on without them.
+ */
+export function loadHints(file: string): SavedHint[] {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+    throw new ConfigError(`hints file ${file}: ${(err as Error).message}`);
+  }
+  try {
+    const parsed = JSON.parse(text) as { version?: unknown; hints?: unknown };
+    if (parsed.version !== 1 || !Array.isArray(parsed.hints)) throw new Error('not a version 1 hints file');
+    return parsed.hints.map((h: Record<string, unknown>) => {
+      const ok =
+        typeof h.route === 'string' && typeof h.node === 'string' && typeof h.method === 'string' && typeof h.path === 'string' &&
+        Array.isArray(h.headers) && h.headers.every((x) => typeof x === 'string') && typeof h.expiresAt === 'number' &&
+        (h.body === null || typeof h.body === 'string');
+      if (!ok) throw new Error('a hint of the wrong shape');
+      return { ...(h as unknown as SavedHint), body: h.body === null ? null : Buffer.from(h.body as string, 'base64') };
+    });
+  } catch (err) {
+    renameSync(file, `${file}.unreadable`);
+    process.stderr.write(`lakefront: hints file ${file} set aside as ${file}.unreadable: ${(err as Error).message}\n`);
+    return [];
+  }
+}
+
+/** Saves hints for the next start (written whole, then renamed into place); returns how many. */
+export function saveHints(file: string, hints: readonly SavedHint[]): number {
+  if (hints.length === 0) {
+    rmSync(file, { force: true });
+    return 0;
+  }
+  const encoded = hints.map((h) => ({ ...h, body: h.body === null ? null : Buffer.from(h.body.buffer, h.body.byteOffset, h.body.byteLength).toString('base64') }));
+  writeFileSync(`${file}.tmp`, JSON.stringify({ version: 1, hints: encoded }));
+  renameSync(`${file}.tmp`, file);
+  return hints.length;
 }
