@@ -16,7 +16,7 @@ import { parseFileConfig } from '../src/config/file.js';
 import { ConfigError } from '../src/errors.js';
 import { defaultSettings } from '../src/server/settings.js';
 import { FrontDoor, loadHints } from '../src/server/supervisor.js';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
@@ -755,6 +755,7 @@ describe('replicated route: hints saved at a stop', () => {
         await first.stop();
       }
       assert.equal(first.hintsSaved, 1);
+      assert.equal(statSync(hintsFile).mode & 0o777, 0o600, 'the writes, credentials and all: for its owner only');
       assert.equal(first.hintsLost(), 0, 'saved, not lost');
       const saved = JSON.parse(readFileSync(hintsFile, 'utf8')) as { hints: { node: string; route: string; body: string }[] };
       assert.deepEqual(saved.hints.map((h) => [h.node, h.route, Buffer.from(h.body, 'base64').toString()]), [[down.id, '/kv/*', 'kept']]);

@@ -582,7 +582,8 @@ export function saveHints(file: string, hints: readonly SavedHint[]): number {
     return 0;
   }
   const encoded = hints.map((h) => ({ ...h, body: h.body === null ? null : Buffer.from(h.body.buffer, h.body.byteOffset, h.body.byteLength).toString('base64') }));
-  writeFileSync(`${file}.tmp`, JSON.stringify({ version: 1, hints: encoded }));
+  // The writes as the replicas get them, credentials included: readable by this user only.
+  writeFileSync(`${file}.tmp`, JSON.stringify({ version: 1, hints: encoded }), { mode: 0o600 });
   renameSync(`${file}.tmp`, file);
   return hints.length;
 }
