@@ -583,6 +583,8 @@ export function saveHints(file: string, hints: readonly SavedHint[]): number {
   }
   const encoded = hints.map((h) => ({ ...h, body: h.body === null ? null : Buffer.from(h.body.buffer, h.body.byteOffset, h.body.byteLength).toString('base64') }));
   // The writes as the replicas get them, credentials included: readable by this user only.
+  // (A file left over from a crash would keep its own mode: it goes first.)
+  rmSync(`${file}.tmp`, { force: true });
   writeFileSync(`${file}.tmp`, JSON.stringify({ version: 1, hints: encoded }), { mode: 0o600 });
   renameSync(`${file}.tmp`, file);
   return hints.length;
