@@ -8,7 +8,7 @@ import { Buffer } from 'node:buffer';
 import { createHmac } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
 import { TicketBook, type AffinitySettings, type TicketCheck } from '../src/affinity/tickets.js';
-import { pinFirst, preferRegion } from '../src/policies/types.js';
+import { pinFirst, preferRegion, regionTurn, type Policy } from '../src/policies/types.js';
 import { parseCommand } from '../src/config/config.js';
 import { ConfigError } from '../src/errors.js';
 import { defaultSettings } from '../src/server/settings.js';
@@ -154,18 +154,29 @@ describe('preferring a region', () => {
     assert.deepEqual([...list], [0, 2, 4, 1, 3]);
   });
 
-  it('lets a round robin\'s region candidates take turns evenly', () => {
-    // Five nodes, the region's two side by side: without turns the first of them after each
-    // rotation's start would take four placements in five.
-    const regionOf = Int32Array.from([1, 1, 0, 0, 1]);
-    const first = new Map<number, number>();
-    for (let turn = 0; turn < 100; turn++) {
-      const list = Int32Array.from({ length: 5 }, (_, i) => (turn + i) % 5); // the round robin's order
-      assert.equal(preferRegion(list, 5, regionOf, 0, turn), 2);
-      first.set(list[0]!, (first.get(list[0]!) ?? 0) + 1);
-      assert.deepEqual([...list.subarray(2)].sort(), [0, 1, 4], 'the others keep their place after');
+  it('lets a round robin\'s region candidates take turns evenly, whatever their places', () => {
+    const cases: [number[], number][] = [
+      [[1, 1, 0, 0, 1], 0], // the region's two side by side in five
+      [[0, 0, 1, 1], 0], // two of four, at the start
+      [[1, 1, 0, 0, 0, 0], 0], // four of six
+    ];
+    for (const [regions, region] of cases) {
+      const regionOf = Int32Array.from(regions);
+      const n = regions.length;
+      const members = regions.flatMap((r, i) => (r === region ? [i] : []));
+      const first = new Map<number, number>();
+      const turns = new Int32Array(2);
+      const policy = { rotating: true } as Policy;
+      const placements = 12 * members.length;
+      for (let i = 0; i < placements; i++) {
+        const list = Int32Array.from({ length: n }, (_, k) => (i + k) % n); // the round robin's order
+        assert.equal(preferRegion(list, n, regionOf, region, regionTurn(policy, turns, region)), members.length);
+        first.set(list[0]!, (first.get(list[0]!) ?? 0) + 1);
+        assert.deepEqual([...list.subarray(members.length)], [...Int32Array.from({ length: n }, (_, k) => (i + k) % n)].filter((x) => regionOf[x] !== region), 'the others keep their order');
+      }
+      assert.deepEqual([...first.entries()].sort((a, b) => a[0] - b[0]), members.map((m) => [m, 12]), `regions ${regions.join('')}`);
     }
-    assert.deepEqual([...first.entries()].sort(), [[2, 50], [3, 50]]);
+    assert.equal(regionTurn({ name: 'rendezvous' } as Policy, new Int32Array(1), 0), -1, 'a policy that does not rotate keeps its order');
   });
 });
 

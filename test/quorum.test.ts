@@ -19,7 +19,7 @@ import { FrontDoor, loadHints } from '../src/server/supervisor.js';
 import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { startNodes, type FakeNode } from './fixtures/fake-node.js';
+import { FakeNode, startNodes } from './fixtures/fake-node.js';
 import { call, inTurn, rawExchange } from './fixtures/http.js';
 
 const QUORUM: QuorumSettings = { n: 3, w: 2, r: 2, consistency: 'quorum', sloppy: true, hintWindowMs: 60_000, maxHintBytes: 1 << 20 };
@@ -129,6 +129,13 @@ class Handoff implements HandoffHost {
   }
 }
 
+/** Reserves room for a hint for `node` and keeps it, as a stand-in's acknowledgement does. */
+function hold(store: HintStore, node: number, request: UpstreamRequest): void {
+  const reservation = store.reserve(node, request);
+  assert.ok(reservation);
+  store.keep(reservation, request);
+}
+
 const write = (path: string, body = 'v') => new UpstreamRequest('PUT', path, ['x-lakefront-version', '1'], Buffer.from(body));
 
 describe('hint store', () => {
@@ -137,8 +144,7 @@ describe('hint store', () => {
     const store = new HintStore(host, 2, 60_000, 1 << 20, undefined, 10);
     try {
       for (const key of ['a', 'b', 'c']) {
-        assert.ok(store.reserve(write(`/kv/${key}`)));
-        store.keep(1, write(`/kv/${key}`));
+        hold(store, 1, write(`/kv/${key}`));
       }
       store.deliver();
       assert.equal(host.sent.length, 0, 'node 1 is still down');
@@ -170,8 +176,7 @@ describe('hint store', () => {
     const store = new HintStore(host, 2, 60_000, 1 << 20);
     try {
       for (const key of ['a', 'b']) {
-        store.reserve(write(`/kv/${key}`));
-        store.keep(0, write(`/kv/${key}`));
+        hold(store, 0, write(`/kv/${key}`));
       }
       store.deliver();
       assert.equal(host.sent.length, 1, 'one try, then the back-off until the next tick');
@@ -187,8 +192,7 @@ describe('hint store', () => {
     const store = new HintStore(host, 2, 60_000, 1 << 30);
     try {
       for (let i = 0; i < 200; i++) {
-        store.reserve(write(`/kv/${i}`, 'x'.repeat(1_000)));
-        store.keep(0, write(`/kv/${i}`, 'x'.repeat(1_000)));
+        hold(store, 0, write(`/kv/${i}`, 'x'.repeat(1_000)));
       }
       store.deliver();
       // The oldest is answered 503 again and again; everything behind it gets through.
@@ -218,21 +222,23 @@ describe('hint store', () => {
     const host = new Handoff();
     const store = new HintStore(host, 2, 1_000, 3_000, () => now);
     const big = write('/kv/x', 'y'.repeat(1_000));
-    assert.ok(store.reserve(big));
-    assert.ok(store.reserve(big));
-    assert.ok(!store.reserve(big), 'two reserved fill the room: a third write gets no stand-in');
-    store.release(big);
-    store.keep(0, big);
+    const one = store.reserve(0, big)!;
+    const two = store.reserve(0, big)!;
+    assert.ok(one && two);
+    assert.equal(store.reserve(0, big), null, 'two reserved fill the room: a third write gets no stand-in');
+    assert.equal(store.export().length, 2, 'stand-ins still running are saved at a stop too');
+    store.release(two);
+    store.keep(one, big);
     assert.equal(store.bytesUsed, hintCost(big), 'one kept (its reservation taken up), one given back');
     now = 1_000;
     store.deliver();
     assert.deepEqual(host.events, ['stored', 'expired']);
-    assert.ok(store.reserve(write('/kv/new')));
-    store.keep(0, write('/kv/new'));
+    hold(store, 0, write('/kv/new'));
+    const late = store.reserve(0, write('/kv/late'))!;
     assert.equal(store.close(), 1);
+    store.keep(late, write('/kv/late')); // a stand-in acknowledging after the stop
     assert.equal(host.events.at(-1), 'lost');
-    assert.ok(!store.reserve(write('/kv/x')), 'closed: nothing more is kept');
-    store.keep(0, write('/kv/late'));
+    assert.equal(store.reserve(0, write('/kv/x')), null, 'closed: nothing more is kept');
     assert.equal(host.events.filter((e) => e === 'stored').length, 2, 'a hint after the stop is not counted');
   });
 });
@@ -788,6 +794,30 @@ describe('replicated route: hints saved at a stop', () => {
       assert.deepEqual(loadHints(file), []);
       assert.ok(existsSync(`${file}.unreadable`));
       assert.deepEqual(loadHints(join(dir, 'none.json')), [], 'no file: no hints');
+      // Hints for a route or replica this configuration no longer has are dropped, and counted.
+      const node = await FakeNode.start('gone-a');
+      const config = {
+        host: '127.0.0.1',
+        port: 0,
+        threads: 1,
+        clusters: [{ name: 'store', members: [{ id: node.id, url: node.url }] }],
+        routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring' as const, keyHeader: null, quorum: { ...QUORUM, n: 1, w: 1, r: 1 } }],
+        healthIntervalMs: 60_000,
+        healthTimeoutMs: 500,
+        settings: defaultSettings(),
+        hintsFile: file,
+      };
+      const hint = { method: 'PUT', path: '/kv/x', headers: ['x-lakefront-version', '1'], body: null, expiresAt: Date.now() + 60_000 };
+      writeFileSync(file, JSON.stringify({ version: 1, hints: [{ ...hint, route: '/old/*', node: node.id }, { ...hint, route: '/kv/*', node: 'no-such-node' }, { ...hint, route: '/kv/*', node: node.id, expiresAt: 1 }] }));
+      const door = await FrontDoor.start(config);
+      try {
+        assert.equal(door.hintsLost(), 2);
+        assert.equal((await call(`${door.url}/stats`)).json<{ quorum: { hints: { expired: number } } }>().quorum.hints.expired, 1);
+      } finally {
+        await door.stop();
+        await node.stop();
+      }
+      await assert.rejects(FrontDoor.start({ ...config, hintsFile: join(dir, 'no-such-dir', 'hints.json') }), /its directory is not writable/);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

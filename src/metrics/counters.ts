@@ -37,8 +37,9 @@
  * 12              hintsDelivered hints their replica acknowledged
  * 13              hintsExpired   hints dropped unsent after the hint window
  * 14              hintsRefused   hints their replica refused (4xx) and that were dropped
- * 15              hintsLost      hints forgotten as their worker stopped (a crashed worker's are
- *                                not counted: they went with it)
+ * 15              hintsLost      hints dropped at a stop (no hints file, or it could not be
+ *                                written) or at a start (their route or replica no longer
+ *                                configured); a crashed worker's are not counted (they went with it)
  * 16 + 4n + 0     node n: attempts started
  * 16 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
  * 16 + 4n + 2     node n: attempts in flight (up on start, down on end)

@@ -94,8 +94,15 @@ export function preferRegion(candidates: Int32Array, count: number, regionOf: In
     }
     front++;
   }
-  // A rotating policy's turn: the region's candidates rotated by it, so that they share it evenly.
+  // A rotating policy's turn: the region's candidates in a fixed order (by index: the policy's
+  // own rotation would correlate with the turns), then rotated by it, so that they take turns.
   if (turn >= 0 && front > 1) {
+    for (let i = 1; i < front; i++) {
+      const node = candidates[i]!;
+      let j = i;
+      for (; j > 0 && candidates[j - 1]! > node; j--) candidates[j] = candidates[j - 1]!;
+      candidates[j] = node;
+    }
     for (let shift = turn % front; shift > 0; shift--) {
       const first = candidates[0]!;
       candidates.copyWithin(0, 1, front);
@@ -103,4 +110,15 @@ export function preferRegion(candidates: Int32Array, count: number, regionOf: In
     }
   }
   return front;
+}
+
+/**
+ * The next turn of `region` on a route (its `turns`, one counter a region) for `preferRegion`,
+ * or -1 when the route's policy does not rotate.
+ */
+export function regionTurn(policy: Policy, turns: Int32Array, region: number): number {
+  if (policy.rotating !== true) return -1;
+  const turn = turns[region]!;
+  turns[region] = (turn + 1) & 0x3fffffff;
+  return turn;
 }

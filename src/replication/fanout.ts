@@ -38,7 +38,7 @@ import { ErrorCodes } from '../errors.js';
 import { isGatewayFailure, isUnsent, type AttemptHandle } from '../forward/exchange.js';
 import type { HeaderFields } from '../forward/fields.js';
 import { UpstreamRequest, type AttemptSink } from '../forward/upstream.js';
-import { HintStore, type HandoffHost } from './hints.js';
+import { HintStore, type HandoffHost, type Reservation } from './hints.js';
 import { HINT_HEADER, Requirement, VERSION_HEADER, compareVersions, type QuorumSettings, type VersionClock } from './quorum.js';
 
 const OP_READ = 0;
@@ -132,8 +132,10 @@ export class ReplicatedCall implements AttemptSink {
   private readonly targets: number[] = [];
   /** Per target: one of the key's replicas (else a stand-in or a further node). */
   private readonly isHome: boolean[] = [];
-  /** Per target: the replica a write's stand-in covers (its hint's bytes are reserved), or -1. */
+  /** Per target: the replica a write's stand-in covers, or -1. */
   private readonly standInFor: number[] = [];
+  /** Per target: a write's stand-in's room for its hint, or null. */
+  private readonly reservations: (Reservation | null)[] = [];
   private readonly states: number[] = [];
   private readonly handles: (AttemptHandle | null)[] = [];
   /** Reads: per target, the version it answered ('' for none). */
@@ -197,7 +199,7 @@ export class ReplicatedCall implements AttemptSink {
     }
     if (this.targets.length === 0 || !this.requirement.possible) {
       // Nothing is sent: give back what the stand-ins reserved.
-      for (let i = 0; i < this.targets.length; i++) if (this.standInFor[i]! >= 0) this.set.hints.release(this.request);
+      for (const reservation of this.reservations) if (reservation !== null) this.set.hints.release(reservation);
       const reach = `${this.targets.length} of this key's ${homes} replica${homes === 1 ? '' : 's'} can be reached (stand-ins included)`;
       this.decideFailure(ErrorCodes.QUORUM_UNAVAILABLE, 503, `${reach} and ${write ? 'a write' : 'a read'} needs ${this.requirement.required}${this.requirement.required > 1 ? ' of them' : ''} here: nothing was sent`);
       return;
@@ -217,13 +219,14 @@ export class ReplicatedCall implements AttemptSink {
    */
   private standIn(home: number): boolean {
     const write = this.op === OP_WRITE;
-    if (write && !this.set.hints.reserve(this.request)) return false;
+    const reservation = write ? this.set.hints.reserve(home, this.request) : null;
+    if (write && reservation === null) return false;
     const node = this.fallback(this.set.host.regionOf[home]!);
     if (node < 0) {
-      if (write) this.set.hints.release(this.request);
+      if (reservation !== null) this.set.hints.release(reservation);
       return false;
     }
-    this.addTarget(node, false, write ? home : -1);
+    this.addTarget(node, false, write ? home : -1, reservation);
     return true;
   }
 
@@ -248,10 +251,11 @@ export class ReplicatedCall implements AttemptSink {
     return first;
   }
 
-  private addTarget(node: number, home: boolean, standInFor: number): number {
+  private addTarget(node: number, home: boolean, standInFor: number, reservation: Reservation | null = null): number {
     this.targets.push(node);
     this.isHome.push(home);
     this.standInFor.push(standInFor);
+    this.reservations.push(reservation);
     this.states.push(RUNNING);
     this.handles.push(null);
     this.versions.push('');
@@ -292,10 +296,10 @@ export class ReplicatedCall implements AttemptSink {
     else state = this.isHome[ordinal] || version !== '' ? COUNTED : FAILED;
     this.states[ordinal] = state;
     this.requirement.settle(region, state === COUNTED);
-    const covered = this.standInFor[ordinal]!;
-    if (covered >= 0) {
-      if (state === COUNTED) this.set.hints.keep(covered, this.hintRequest());
-      else this.set.hints.release(this.request);
+    const reservation = this.reservations[ordinal]!;
+    if (reservation !== null) {
+      if (state === COUNTED) this.set.hints.keep(reservation, this.hintRequest());
+      else this.set.hints.release(reservation);
     }
     if (state === FAILED) {
       if (!write) this.retryRead();
@@ -318,7 +322,8 @@ export class ReplicatedCall implements AttemptSink {
     const region = this.set.host.regionOf[this.targets[ordinal]!]!;
     this.requirement.settle(region, false);
     const covered = this.standInFor[ordinal]!;
-    if (covered >= 0) this.set.hints.release(this.request);
+    const reservation = this.reservations[ordinal]!;
+    if (reservation !== null) this.set.hints.release(reservation);
     if (this.op === OP_READ) this.retryRead();
     else if (unsent && this.set.settings.sloppy) {
       // Nothing reached the node: the write may go to a stand-in for the replica it was for.

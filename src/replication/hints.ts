@@ -32,6 +32,14 @@ export interface HandoffHost {
 /** `lost`: forgotten as the worker stopped; `saved`: handed over for saving as it stopped. */
 export type HintEvent = 'stored' | 'delivered' | 'expired' | 'refused' | 'lost' | 'saved';
 
+/** Room set aside for the hint of one stand-in's write, while the stand-in runs. */
+export interface Reservation {
+  /** The replica the stand-in covers. */
+  readonly node: number;
+  readonly request: UpstreamRequest;
+  readonly bytes: number;
+}
+
 /** A hint as it leaves a stopping worker, or comes into a starting one. */
 export interface HintRecord {
   readonly node: number;
@@ -100,6 +108,8 @@ export class HintStore {
   private bytes = 0;
   /** Bytes set aside for stand-ins still running. */
   private reserved = 0;
+  /** The stand-ins still running: a stop saves their hints too (their writes may have landed). */
+  private readonly reservations = new Set<Reservation>();
   private count = 0;
   private timer: NodeJS.Timeout | null = null;
   private closed = false;
@@ -133,27 +143,30 @@ export class HintStore {
    * Sets aside room for a hint of `request` before a stand-in is sent it; false when there is
    * none (then no stand-in is used). Each reservation ends in `keep` or `release`.
    */
-  reserve(request: UpstreamRequest): boolean {
-    const cost = hintCost(request);
-    if (this.closed || this.bytes + this.reserved + cost > this.maxBytes) return false;
-    this.reserved += cost;
-    return true;
+  reserve(node: number, request: UpstreamRequest): Reservation | null {
+    const bytes = hintCost(request);
+    if (this.closed || this.bytes + this.reserved + bytes > this.maxBytes) return null;
+    this.reserved += bytes;
+    const reservation = { node, request, bytes };
+    this.reservations.add(reservation);
+    return reservation;
   }
 
   /** The stand-in did not acknowledge: its reservation is given back. */
-  release(request: UpstreamRequest): void {
-    this.reserved -= hintCost(request);
+  release(reservation: Reservation): void {
+    if (this.reservations.delete(reservation)) this.reserved -= reservation.bytes;
   }
 
   /**
-   * Keeps a hint: `request` (the write as `node` should have had it) for `node`, in the room
-   * `reserve` set aside for it.
+   * The stand-in acknowledged: keeps its hint, `request` (the write as the replica should have
+   * had it), in the room `reserve` set aside.
    */
-  keep(node: number, request: UpstreamRequest): void {
-    const bytes = hintCost(request);
+  keep(reservation: Reservation, request: UpstreamRequest): void {
+    if (!this.reservations.delete(reservation)) return; // given back, or saved at a stop
+    const bytes = reservation.bytes;
     this.reserved -= bytes;
     if (this.closed) return;
-    this.queues[node]!.push({ request, bytes, expiresAt: this.now() + this.windowMs, state: WAITING });
+    this.queues[reservation.node]!.push({ request, bytes, expiresAt: this.now() + this.windowMs, state: WAITING });
     this.bytes += bytes;
     this.count++;
     this.host.hintCounted('stored');
@@ -197,6 +210,10 @@ export class HintStore {
     this.queues.forEach((queue, node) => {
       for (const hint of queue) if (hint.state !== DONE && hint.request !== null) out.push({ node, request: hint.request, expiresAt: hint.expiresAt + shift });
     });
+    // A stand-in still running may have taken the write: its replica gets it too (twice is
+    // harmless, the version is the same).
+    const expiresAt = Date.now() + this.windowMs;
+    for (const { node, request } of this.reservations) out.push({ node, request, expiresAt });
     return out;
   }
 
@@ -205,9 +222,11 @@ export class HintStore {
    * no room for it.
    */
   adopt(record: HintRecord): boolean {
-    const expiresAt = record.expiresAt - Date.now() + this.now();
+    // No later than this route's window allows now.
+    const expiresAt = Math.min(record.expiresAt - Date.now(), this.windowMs) + this.now();
     const bytes = hintCost(record.request);
-    if (this.closed || expiresAt <= this.now() || this.bytes + this.reserved + bytes > this.maxBytes) return false;
+    // Admitted once already: not held to the byte limit again (a stop's hints all come back).
+    if (this.closed || expiresAt <= this.now()) return false;
     this.queues[record.node]!.push({ request: record.request, bytes, expiresAt, state: WAITING });
     this.bytes += bytes;
     this.count++;
@@ -226,7 +245,8 @@ export class HintStore {
     this.timer = null;
     const lost = this.count;
     for (let i = 0; i < lost; i++) this.host.hintCounted(saved ? 'saved' : 'lost');
-    this.count = this.bytes = 0;
+    this.count = this.bytes = this.reserved = 0;
+    this.reservations.clear();
     for (const queue of this.queues) queue.length = 0;
     this.doneBehind.fill(0);
     return lost;

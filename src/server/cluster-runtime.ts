@@ -169,15 +169,6 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     return this.indexById.get(id) ?? -1;
   }
 
-  private regionTurn = 0;
-
-  /** A rotating policy's next turn among a region's candidates (see `preferRegion`); else -1. */
-  turnFor(policy: Policy): number {
-    if (policy.rotating !== true) return -1;
-    this.regionTurn = (this.regionTurn + 1) & 0x3fffffff;
-    return this.regionTurn;
-  }
-
   /** The index of region `name` among this cluster's nodes, or -1 (none of them is there). */
   regionIndex(name: string | null): number {
     return name === null || name === '' ? -1 : this.regionNames.indexOf(name);

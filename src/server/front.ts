@@ -24,7 +24,7 @@ import { UpstreamRequest } from '../forward/upstream.js';
 import { FLAG_HEALTHY, TableReader, type NodeRow } from '../membership/table.js';
 import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
 import { NodeHistograms } from '../metrics/histograms.js';
-import { pinFirst, preferRegion, type Policy } from '../policies/types.js';
+import { pinFirst, preferRegion, regionTurn, type Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type NodeSpec, type RouteSpec, type SavedHint, type WorkerInit } from './protocol.js';
@@ -73,6 +73,8 @@ interface BoundRoute {
   readonly tickets: TicketBook | null;
   /** A replicated route's replicas and hints (seed 003), or null. */
   readonly replicas: ReplicaSet | null;
+  /** Per region, the next turn among its nodes (affinity placement on a round robin). */
+  readonly turns: Int32Array;
 }
 
 /** What a replicated route carries: reads and whole-value writes (last write wins). */
@@ -189,7 +191,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     // Placed by ticket, a client goes to its region first (a leader's writes stay with the leader).
     if (this.region !== null && !(this.op !== OP_READ && this.route.policy.leaderWrites === true)) {
       const region = runtime.regionIndex(this.region);
-      if (region >= 0) preferRegion(exchange.candidates, exchange.count, runtime.regionOf, region, runtime.turnFor(this.route.policy));
+      if (region >= 0) preferRegion(exchange.candidates, exchange.count, runtime.regionOf, region, regionTurn(this.route.policy, this.route.turns, region));
     }
     // Where writes belong to the leader (hybrid), a ticket does not move them; the client keeps it.
     if (this.pinned >= 0 && this.op !== OP_READ && this.route.policy.leaderWrites === true) this.ticketKept = true;
@@ -414,6 +416,7 @@ export class WorkerFront implements TunnelHost {
         classifier: spec.operations ? new OperationClassifier(spec.operations) : null,
         tickets: spec.affinity ? new TicketBook(spec.affinity) : null,
         replicas,
+        turns: new Int32Array(runtime.regionCount),
       };
     });
     this.rankScratch = new Int32Array(Math.max(1, ...this.runtimes.map((r) => r.size)));

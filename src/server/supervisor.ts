@@ -9,13 +9,14 @@
 import type { AffinitySettings } from '../affinity/tickets.js';
 import { EventEmitter } from 'node:events';
 import { Buffer } from 'node:buffer';
-import { readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { accessSync, constants, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname } from 'node:path';
 import { createServer } from 'node:net';
 import { Worker } from 'node:worker_threads';
 import { ConfigError } from '../errors.js';
 import { Membership, type MemberConfig } from '../membership/membership.js';
 import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, TableWriter, type NodeRow } from '../membership/table.js';
-import { CounterSlot, counterBytes, readTotals } from '../metrics/counters.js';
+import { C_HINTS_EXPIRED, C_HINTS_LOST, CounterSlot, counterBytes, readTotals } from '../metrics/counters.js';
 import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
 import { EtcdLeaderProbe } from '../membership/leader.js';
@@ -109,12 +110,15 @@ export class FrontDoor extends EventEmitter {
   private stopping: Promise<void> | null = null;
   /** Added to each worker's slot in its version stamps (replicated routes): see VersionClock. */
   private readonly versionSalt = Math.floor(Math.random() * 1000);
-  /** Hints read from the hints file, for the first worker to start; then empty. */
-  private loadedHints: SavedHint[] = [];
+  /** Hints read from the hints file, by the worker slot to take them (until it listens). */
+  private readonly hintsFor = new Map<number, SavedHint[]>();
   /** Hints the stopping workers handed over, to be saved. */
   private readonly stoppedHints: SavedHint[] = [];
+  /** Whether the stop has saved the hints (a worker's coming late saves them again). */
+  private hintsWritten = false;
   /** How many hints the last stop saved to the hints file. */
   hintsSaved = 0;
+  private readonly mainSlot: CounterSlot;
 
   private constructor(config: FrontDoorConfig) {
     super();
@@ -174,7 +178,7 @@ export class FrontDoor extends EventEmitter {
     this.table = new TableWriter(this.nodes.length);
     this.counterSlots = config.threads + 1;
     this.counters = new SharedArrayBuffer(counterBytes(this.counterSlots, this.nodes.length));
-    const mainSlot = new CounterSlot(this.counters, 0, this.nodes.length);
+    const mainSlot = (this.mainSlot = new CounterSlot(this.counters, 0, this.nodes.length));
     this.router = new Router(
       {
         membership: this.memberships[0]!,
@@ -192,7 +196,7 @@ export class FrontDoor extends EventEmitter {
   /** Probes membership once, starts health polling and the workers; resolves once all listen. */
   static async start(config: FrontDoorConfig): Promise<FrontDoor> {
     const door = new FrontDoor(config);
-    door.loadedHints = config.hintsFile ? loadHints(config.hintsFile) : [];
+    if (config.hintsFile) door.takeHints(config.hintsFile);
     await Promise.all([...door.memberships.map((m) => m.probeOnce()), ...door.leaderProbes.map((p) => p?.probeOnce())]);
     try {
       await door.spawnAll();
@@ -249,7 +253,54 @@ export class FrontDoor extends EventEmitter {
     };
   }
 
-  /** Hints (replicated routes) forgotten as their workers stopped: see `/stats` quorum.hints.lost. */
+  /**
+   * Reads the hints an earlier stop saved, keeps those for routes and replicas that still exist
+   * and have not expired (the rest are counted, and said), and shares them out among the
+   * workers to start.
+   */
+  private takeHints(file: string): void {
+    try {
+      accessSync(dirname(file), constants.W_OK);
+    } catch {
+      throw new ConfigError(`hints file ${file}: its directory is not writable (a stop could not save the hints there)`);
+    }
+    const now = Date.now();
+    let dropped = 0;
+    let slot = 0;
+    for (const hint of loadHints(file)) {
+      const route = this.routes.find((r) => r.pattern === hint.route && r.quorum !== null);
+      const known = route !== undefined && this.clusters[route.cluster]!.nodes.some((g) => this.nodes[g]!.id === hint.node);
+      if (!known) {
+        dropped++;
+        this.mainSlot.bump(C_HINTS_LOST);
+        continue;
+      }
+      if (hint.expiresAt <= now) {
+        this.mainSlot.bump(C_HINTS_EXPIRED);
+        continue;
+      }
+      const target = (slot++ % this.threads) + 1;
+      (this.hintsFor.get(target) ?? this.hintsFor.set(target, []).get(target)!).push(hint);
+    }
+    if (dropped > 0) process.stderr.write(`lakefront: hints file ${file}: ${dropped} hint(s) for routes or replicas no longer configured were dropped\n`);
+  }
+
+  /** Saves what the workers handed over, and what workers that never listened still hold. */
+  private writeHints(): void {
+    const file = this.config.hintsFile;
+    if (!file) return;
+    const hints = [...[...this.hintsFor.values()].flat(), ...this.stoppedHints];
+    this.hintsWritten = true;
+    try {
+      this.hintsSaved = saveHints(file, hints);
+    } catch (err) {
+      this.hintsSaved = 0;
+      for (let i = 0; i < hints.length; i++) this.mainSlot.bump(C_HINTS_LOST);
+      process.stderr.write(`lakefront: hints file ${file}: ${hints.length} hint(s) could not be saved: ${(err as Error).message}\n`);
+    }
+  }
+
+  /** Hints (replicated routes) forgotten as their worker stopped: see `/stats` quorum.hints.lost. */
   hintsLost(): number {
     return readTotals(this.counters, this.counterSlots, this.nodes.length).hintsLost;
   }
@@ -341,7 +392,7 @@ export class FrontDoor extends EventEmitter {
         }),
     );
     await Promise.all(exits);
-    if (this.config.hintsFile) this.hintsSaved = saveHints(this.config.hintsFile, [...this.loadedHints, ...this.stoppedHints]);
+    this.writeHints();
     // A stuck worker stays listed: it still runs, and holds its sockets.
     for (const [slot, handle] of this.workers) if (handle.worker.threadId < 0) this.workers.delete(slot);
     if (stuck.length > 0) {
@@ -407,10 +458,9 @@ export class FrontDoor extends EventEmitter {
       settings: this.config.settings,
       region: this.config.region ?? null,
       versionSalt: this.versionSalt,
-      hints: this.loadedHints,
+      hints: this.hintsFor.get(slot) ?? [],
       saveHints: Boolean(this.config.hintsFile),
     };
-    this.loadedHints = [];
     const worker = new Worker(WORKER_URL, { workerData: init, stderr: false, stdout: false });
     const previous = this.workers.get(slot);
     const handle: WorkerHandle = { slot, worker, deaths: previous?.deaths ?? [] };
@@ -420,6 +470,8 @@ export class FrontDoor extends EventEmitter {
       worker.on('message', (message: WorkerMessage) => {
         if (message.t === 'listening') {
           listening = true;
+          // Its hints are its own now (saved again at its stop).
+          this.hintsFor.delete(slot);
           resolve();
           return;
         }
@@ -482,6 +534,8 @@ export class FrontDoor extends EventEmitter {
       }
       case 'drained':
         this.stoppedHints.push(...message.hints);
+        // Past the drain's deadline the file was written without them: again, with them.
+        if (this.hintsWritten && message.hints.length > 0) this.writeHints();
         break;
       case 'node-refused': {
         const node = this.nodes[message.node];
@@ -583,9 +637,9 @@ export function saveHints(file: string, hints: readonly SavedHint[]): number {
   }
   const encoded = hints.map((h) => ({ ...h, body: h.body === null ? null : Buffer.from(h.body.buffer, h.body.byteOffset, h.body.byteLength).toString('base64') }));
   // The writes as the replicas get them, credentials included: readable by this user only.
-  // (A file left over from a crash would keep its own mode: it goes first.)
-  rmSync(`${file}.tmp`, { force: true });
-  writeFileSync(`${file}.tmp`, JSON.stringify({ version: 1, hints: encoded }), { mode: 0o600 });
-  renameSync(`${file}.tmp`, file);
+  // A name of its own ('wx': never an existing file, which would keep its mode).
+  const temporary = `${file}.${process.pid}.${Math.random().toString(36).slice(2)}.tmp`;
+  writeFileSync(temporary, JSON.stringify({ version: 1, hints: encoded }), { mode: 0o600, flag: 'wx' });
+  renameSync(temporary, file);
   return hints.length;
 }

@@ -31,7 +31,7 @@ import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegmen
 import { MAX_CANDIDATES, isGatewayFailure } from '../forward/exchange.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
-import { pinFirst, preferRegion, type Policy } from '../policies/types.js';
+import { pinFirst, preferRegion, regionTurn, type Policy } from '../policies/types.js';
 import { TICKET_PROTOCOL_PREFIX, type TicketBook } from '../affinity/tickets.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
 import type { OperationClassifier } from './operations.js';
@@ -67,6 +67,8 @@ export interface TunnelRoute {
   readonly policy: Policy;
   readonly classifier: OperationClassifier | null;
   readonly tickets: TicketBook | null;
+  /** Per region, the next turn among its nodes (affinity placement on a round robin). */
+  readonly turns: Int32Array;
 }
 
 /** What the tunnels need of the worker front. */
@@ -222,7 +224,7 @@ export class WebSocketTunnels {
       }
     }
     const regionIndex = runtime.regionIndex(region);
-    if (regionIndex >= 0) preferRegion(ranking, count, runtime.regionOf, regionIndex, runtime.turnFor(route.policy));
+    if (regionIndex >= 0) preferRegion(ranking, count, runtime.regionOf, regionIndex, regionTurn(route.policy, route.turns, regionIndex));
     if (pin >= 0) pinFirst(ranking, count, pin, runtime.view.weights[pin]! > 0);
     host.slot.bump(C_REQUESTS);
     if (offered !== '') headers['sec-websocket-protocol'] = offered;
