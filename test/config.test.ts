@@ -165,3 +165,12 @@ describe('the README', () => {
     assert.equal(parsed.region, 'east');
   });
 });
+
+describe('--hints-file', () => {
+  it('takes a path, and refuses an empty one rather than taking it for none', () => {
+    const run = parseCommand(['--hints-file', '/var/lib/lakefront/hints.json'], {});
+    assert.equal(run.kind === 'run' && run.config.hintsFile, '/var/lib/lakefront/hints.json');
+    assert.throws(() => parseCommand(['--hints-file', ''], {}), /--hints-file: an empty path/);
+    assert.throws(() => parseCommand([], { LAKEFRONT_HINTS_FILE: ' ' }), /LAKEFRONT_HINTS_FILE: an empty path/);
+  });
+});

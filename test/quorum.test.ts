@@ -794,6 +794,11 @@ describe('replicated route: hints saved at a stop', () => {
       assert.deepEqual(loadHints(file), []);
       assert.ok(existsSync(`${file}.unreadable`));
       assert.deepEqual(loadHints(join(dir, 'none.json')), [], 'no file: no hints');
+      const injected = { route: '/kv/*', node: 'a', method: 'PUT', path: '/kv/x\r\nx-evil: 1', headers: [], body: null, expiresAt: 1 };
+      writeFileSync(file, JSON.stringify({ version: 1, hints: [injected] }));
+      assert.deepEqual(loadHints(file), [], 'a line break in what becomes a request head: set aside');
+      writeFileSync(file, JSON.stringify({ version: 1, hints: [{ ...injected, path: '/kv/x', headers: ['odd'] }] }));
+      assert.deepEqual(loadHints(file), [], 'headers not in name/value pairs: set aside');
       // Hints for a route or replica this configuration no longer has are dropped, and counted.
       const node = await FakeNode.start('gone-a');
       const config = {

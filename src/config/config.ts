@@ -232,7 +232,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     clusters,
     routes,
     ...(file?.region !== undefined ? { region: file.region } : {}),
-    hintsFile: read('hints-file')?.[0] ?? file?.hintsFile ?? null,
+    hintsFile: hintsFileOf(read('hints-file'), file?.hintsFile),
     healthIntervalMs: int('health-interval-ms', DEFAULT_HEALTH_INTERVAL_MS, 10, 3_600_000),
     healthTimeoutMs: int('health-timeout-ms', DEFAULT_HEALTH_TIMEOUT_MS, 1, 60_000),
     settings: defaultSettings({
@@ -270,4 +270,11 @@ export function helpText(): string {
   }
   lines.push('  -h, --help                      this text', '  --version                       print the version');
   return lines.join('\n');
+}
+
+/** `--hints-file`, else the file's `hintsFile`: an empty path is refused, not taken for none. */
+function hintsFileOf(flag: [string, string] | undefined, fromFile: string | undefined): string | null {
+  if (flag === undefined) return fromFile ?? null;
+  if (flag[0].trim() === '') throw new ConfigError(`${flag[1]}: an empty path (leave it out to drop hints at a stop)`);
+  return flag[0];
 }

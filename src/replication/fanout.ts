@@ -35,7 +35,7 @@
 import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import { ErrorCodes } from '../errors.js';
-import { isGatewayFailure, isUnsent, type AttemptHandle } from '../forward/exchange.js';
+import { isUnsent, type AttemptHandle } from '../forward/exchange.js';
 import type { HeaderFields } from '../forward/fields.js';
 import { UpstreamRequest, type AttemptSink } from '../forward/upstream.js';
 import { HintStore, type HandoffHost, type Reservation } from './hints.js';
@@ -288,7 +288,7 @@ export class ReplicatedCall implements AttemptSink {
     // A read's version, when it has a value to compare (200), or a deletion's (404).
     const version = !write && (status === 200 || status === 404) ? (fields.find(VERSION_HEADER) ?? '') : '';
     let state: number;
-    if (isGatewayFailure(status) || status >= 500) state = FAILED;
+    if (status >= 500) state = FAILED;
     else if (write) state = status >= 200 && status < 300 ? COUNTED : REFUSED;
     else if (status !== 200 && status !== 404) state = REFUSED;
     // A node past the replicas holds only what it stood in for: without a version it knows

@@ -267,7 +267,8 @@ export class FrontDoor extends EventEmitter {
     const now = Date.now();
     let dropped = 0;
     let slot = 0;
-    for (const hint of loadHints(file)) {
+    // Soonest to expire first: each worker's queues stay in order of expiry.
+    for (const hint of loadHints(file).sort((a, b) => a.expiresAt - b.expiresAt)) {
       const route = this.routes.find((r) => r.pattern === hint.route && r.quorum !== null);
       const known = route !== undefined && this.clusters[route.cluster]!.nodes.some((g) => this.nodes[g]!.id === hint.node);
       if (!known) {
@@ -615,9 +616,11 @@ export function loadHints(file: string): SavedHint[] {
     const parsed = JSON.parse(text) as { version?: unknown; hints?: unknown };
     if (parsed.version !== 1 || !Array.isArray(parsed.hints)) throw new Error('not a version 1 hints file');
     return parsed.hints.map((h: Record<string, unknown>) => {
+      // What goes into a request head: no line breaks, names and values in pairs.
+      const line = (x: unknown): boolean => typeof x === 'string' && !/[\r\n\0]/.test(x);
       const ok =
-        typeof h.route === 'string' && typeof h.node === 'string' && typeof h.method === 'string' && typeof h.path === 'string' &&
-        Array.isArray(h.headers) && h.headers.every((x) => typeof x === 'string') && typeof h.expiresAt === 'number' &&
+        typeof h.route === 'string' && typeof h.node === 'string' && /^[A-Z]+$/.test(String(h.method)) && line(h.path) &&
+        Array.isArray(h.headers) && h.headers.length % 2 === 0 && h.headers.every(line) && typeof h.expiresAt === 'number' &&
         (h.body === null || typeof h.body === 'string');
       if (!ok) throw new Error('a hint of the wrong shape');
       return { ...(h as unknown as SavedHint), body: h.body === null ? null : Buffer.from(h.body as string, 'base64') };
