@@ -15,7 +15,7 @@ import { Requirement, VersionClock, compareVersions, type QuorumSettings } from 
 import { parseFileConfig } from '../src/config/file.js';
 import { ConfigError } from '../src/errors.js';
 import { defaultSettings } from '../src/server/settings.js';
-import { FrontDoor, loadHints } from '../src/server/supervisor.js';
+import { FrontDoor, loadHints, type FrontDoorConfig } from '../src/server/supervisor.js';
 import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -30,6 +30,24 @@ function preference(ids: readonly string[], key: string): string[] {
   const out = new Int32Array(ids.length);
   const count = ring.preferenceInto(key, out);
   return [...out.subarray(0, count)].map((i) => ids[i]!);
+}
+
+/**
+ * A front door over `nodes` (cluster "store", health polled only when asked) with one replicated
+ * route on /kv/* (or `routes`).
+ */
+function storeConfig(nodes: readonly { id: string; url: string }[], overrides: Partial<FrontDoorConfig> = {}): FrontDoorConfig {
+  return {
+    host: '127.0.0.1',
+    port: 0,
+    threads: 2,
+    clusters: [{ name: 'store', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+    routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: QUORUM }],
+    healthIntervalMs: 60_000,
+    healthTimeoutMs: 500,
+    settings: defaultSettings(),
+    ...overrides,
+  };
 }
 
 describe('quorum rules', () => {
@@ -448,19 +466,14 @@ describe('replicated route through the front door', () => {
     for (const n of nodes) n.behaviour = { kind: 'replica' };
     ids = nodes.map((n) => n.id);
     [homes, spare] = [preference(ids, KEY).slice(0, 3), preference(ids, KEY)[3]!];
-    door = await FrontDoor.start({
-      host: '127.0.0.1',
-      port: 0,
-      threads: 2,
-      clusters: [{ name: 'store', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [
-        { pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: QUORUM },
-        { pattern: '/strict/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: { ...QUORUM, sloppy: false } },
-      ],
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      settings: defaultSettings(),
-    });
+    door = await FrontDoor.start(
+      storeConfig(nodes, {
+        routes: [
+          { pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: QUORUM },
+          { pattern: '/strict/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: { ...QUORUM, sloppy: false } },
+        ],
+      }),
+    );
   });
   after(async () => {
     await door.stop();
@@ -669,16 +682,7 @@ describe('replicated route under faults: reads see the last acknowledged write',
     const nodes = await startNodes('f-a', 'f-b', 'f-c', 'f-d', 'f-e');
     for (const n of nodes) n.behaviour = { kind: 'replica' };
     const ids = nodes.map((n) => n.id);
-    const door = await FrontDoor.start({
-      host: '127.0.0.1',
-      port: 0,
-      threads: 2,
-      clusters: [{ name: 'store', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: QUORUM }],
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      settings: defaultSettings(),
-    });
+    const door = await FrontDoor.start(storeConfig(nodes));
     // A fixed pseudo-random sequence: the same faults every run.
     let seed = 7;
     const random = (): number => ((seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31) / 2 ** 31);
@@ -736,17 +740,7 @@ describe('replicated route: hints saved at a stop', () => {
     const ids = nodes.map((n) => n.id);
     const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
     const hintsFile = join(dir, 'hints.json');
-    const config = {
-      host: '127.0.0.1',
-      port: 0,
-      threads: 2,
-      clusters: [{ name: 'store', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring' as const, keyHeader: null, quorum: QUORUM }],
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      settings: defaultSettings(),
-      hintsFile,
-    };
+    const config = storeConfig(nodes, { hintsFile });
     const key = '/kv/saved';
     const down = nodes.find((n) => n.id === preference(ids, key)[0])!;
     try {
@@ -801,17 +795,11 @@ describe('replicated route: hints saved at a stop', () => {
       assert.deepEqual(loadHints(file), [], 'headers not in name/value pairs: set aside');
       // Hints for a route or replica this configuration no longer has are dropped, and counted.
       const node = await FakeNode.start('gone-a');
-      const config = {
-        host: '127.0.0.1',
-        port: 0,
+      const config = storeConfig([node], {
         threads: 1,
-        clusters: [{ name: 'store', members: [{ id: node.id, url: node.url }] }],
-        routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring' as const, keyHeader: null, quorum: { ...QUORUM, n: 1, w: 1, r: 1 } }],
-        healthIntervalMs: 60_000,
-        healthTimeoutMs: 500,
-        settings: defaultSettings(),
+        routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: { ...QUORUM, n: 1, w: 1, r: 1 } }],
         hintsFile: file,
-      };
+      });
       const hint = { method: 'PUT', path: '/kv/x', headers: ['x-lakefront-version', '1'], body: null, expiresAt: Date.now() + 60_000 };
       writeFileSync(file, JSON.stringify({ version: 1, hints: [{ ...hint, route: '/old/*', node: node.id }, { ...hint, route: '/kv/*', node: 'no-such-node' }, { ...hint, route: '/kv/*', node: node.id, expiresAt: 1 }] }));
       const door = await FrontDoor.start(config);
@@ -836,16 +824,7 @@ describe('replicated route: a replica that refuses the connection', () => {
     const nodes = await startNodes('ref-a', 'ref-b', 'ref-c', 'ref-d');
     for (const n of nodes) n.behaviour = { kind: 'replica' };
     const ids = nodes.map((n) => n.id);
-    const door = await FrontDoor.start({
-      host: '127.0.0.1',
-      port: 0,
-      threads: 1,
-      clusters: [{ name: 'store', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: QUORUM }],
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      settings: defaultSettings(),
-    });
+    const door = await FrontDoor.start(storeConfig(nodes, { threads: 1 }));
     try {
       const key = '/kv/fig';
       const list = preference(ids, key).map((id) => nodes.find((n) => n.id === id)!);
