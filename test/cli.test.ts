@@ -178,7 +178,10 @@ describe('lakefront command: running', () => {
       assert.ok(held > 0);
       run.child.kill('SIGTERM');
       assert.equal(await exitOf(run), 0);
-      assert.match(run.output(), new RegExp(`lakefront: ${held} hint\\(s\\) for replicas that were down were dropped at shutdown`));
+      // A stand-in's acknowledgement may come after its write was answered (and after /stats).
+      const said = /lakefront: (\d+) hint\(s\) for replicas that were down were dropped at shutdown/.exec(run.output());
+      assert.ok(said, run.output());
+      assert.ok(Number(said[1]) >= held && Number(said[1]) <= 4, `${said[1]} dropped, ${held} held before`);
     } finally {
       await Promise.all(replicas.map((n) => n.stop()));
       rmSync(dir, { recursive: true, force: true });
