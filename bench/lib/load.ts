@@ -44,11 +44,23 @@ function mix(reads: autocannon.Request, writes: autocannon.Request, count = BOAR
 
 const GET_SMALL: autocannon.Request = { method: 'GET', path: '/rpc/query.execute', headers: {} };
 
+/** Whole-value writes and reads of 64 keys on a replicated route (`/kv/*`, bench/ir-quorum.sh). */
+function keys(method: 'PUT' | 'GET'): autocannon.Request[] {
+  return Array.from({ length: 64 }, (_, i) => ({
+    method,
+    path: `/kv/key-${i}`,
+    headers: method === 'PUT' ? { 'content-type': 'application/octet-stream' } : {},
+    ...(method === 'PUT' ? { body: BODY_256 } : {}),
+  }));
+}
+
 export const WORKLOADS: Record<string, Workload> = {
   getsmall: { name: 'getsmall', description: 'GET 64 B (retryable reads), random boards', requests: withBoards(GET_SMALL) },
   post256: { name: 'post256', description: 'POST 256 B, random boards', requests: withBoards(POST_256) },
   get1k: { name: 'get1k', description: 'GET 1 KiB, random boards', requests: withBoards(GET_1K) },
   get16k: { name: 'get16k', description: 'GET 16 KiB, random boards', requests: withBoards(GET_16K) },
+  kvput: { name: 'kvput', description: 'PUT 256 B to /kv/key-N (replicated routes)', requests: keys('PUT') },
+  kvget: { name: 'kvget', description: 'GET /kv/key-N (replicated routes)', requests: keys('GET') },
   mix8020: { name: 'mix8020', description: '80% GET 1 KiB / 20% POST 256 B, random boards', requests: mix(GET_1K, POST_256, 65) },
 };
 

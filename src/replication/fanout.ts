@@ -19,8 +19,8 @@
  *
  * Before anything is sent, a request whose targets could not meet its quorum even if all
  * answered is refused: 503, nothing written. After:
- * - the answer is a write's first acknowledgement, or the newest of a read's answers (highest
- *   `x-lakefront-version`), once enough have come;
+ * - the answer is the write's acknowledgement that completes its quorum, or the newest of a
+ *   read's answers (highest `x-lakefront-version`), once enough have come;
  * - if that can no longer happen: the replicas' own refusal when nothing counted and (for a
  *   write) nothing failed (every replica says the request is wrong), else 502 naming each
  *   target's outcome (a write may be applied on the replicas that acknowledged: no rollback),
@@ -150,8 +150,12 @@ export class ReplicatedCall implements AttemptSink {
   private readonly request: UpstreamRequest;
   /** The same with a body of its own, for hints (a client body may share a pooled slab). */
   private hinted: UpstreamRequest | null = null;
-  /** A read's newest answer so far, or a write's first acknowledgement; else the first refusal. */
+  /** A read's newest answer so far; else the first refusal. */
   private kept = -1;
+  /** Inside `answered`: the write's acknowledgement being counted (the answer if it completes the quorum). */
+  private deciding = -1;
+  private decidingFields: HeaderFields | null = null;
+  private decidingBody: Buffer | null = null;
   private keptHeaders: HeaderFields | null = null;
   private keptBody: Buffer | null = null;
 
@@ -303,15 +307,31 @@ export class ReplicatedCall implements AttemptSink {
     }
     if (state === FAILED) {
       if (!write) this.retryRead();
+    } else if (state === COUNTED && write) {
+      // An acknowledgement: if it completes the quorum, it is the answer, relayed from here (its
+      // fields and body are valid during this call): nothing to copy.
+      this.deciding = ordinal;
+      this.decidingFields = fields;
+      this.decidingBody = body;
     } else if (state === COUNTED) {
       this.versions[ordinal] = version;
       const kept = this.kept;
-      // A write's first acknowledgement; a read's newest answer.
-      if (kept < 0 || this.states[kept] !== COUNTED || (!write && compareVersions(version, this.versions[kept]!) > 0)) this.keep(ordinal, fields, body);
+      // A read's newest answer.
+      if (kept < 0 || this.states[kept] !== COUNTED || compareVersions(version, this.versions[kept]!) > 0) this.keep(ordinal, fields, body);
     } else if (this.kept < 0) {
-      this.keep(ordinal, fields, body);
+      this.keep(ordinal, fields, body); // the first refusal: the answer if nothing counts
     }
     this.check();
+    if (this.deciding >= 0) {
+      // Written by now (or not the answer): the transport's buffers are not kept.
+      if (this.headers === this.decidingFields) {
+        this.headers = null;
+        this.body = null;
+      }
+      this.deciding = -1;
+      this.decidingFields = null;
+      this.decidingBody = null;
+    }
   }
 
   failed(ordinal: number, error: unknown): void {
@@ -418,10 +438,11 @@ export class ReplicatedCall implements AttemptSink {
   private decideAnswer(): void {
     this.done = true;
     this.acks = this.countState(COUNTED);
-    this.servedBy = this.targets[this.kept]!;
-    this.status = this.statuses[this.kept]!;
-    this.headers = this.keptHeaders;
-    this.body = this.keptBody;
+    const from = this.deciding >= 0 ? this.deciding : this.kept;
+    this.servedBy = this.targets[from]!;
+    this.status = this.statuses[from]!;
+    this.headers = this.deciding >= 0 ? this.decidingFields : this.keptHeaders;
+    this.body = this.deciding >= 0 ? this.decidingBody : this.keptBody;
     this.owner.replicated(this);
   }
 
