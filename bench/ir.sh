@@ -6,17 +6,25 @@
 # DIST is a compiled tree inside the repository (dist, or a copy such as .ab/base). Lakefront runs
 # one worker thread under callgrind with counting off; WARM requests warm the JIT, then counting is
 # switched on for N requests. Needs valgrind (apt-get install valgrind).
+# Workloads kvput and kvget run on a replicated route instead (n = 3, w = r = 2, strict) over
+# nodes that answer with `x-lakefront-version: 1`: e.g. bench/ir.sh dist kvput 10000 10000.
 set -euo pipefail
 DIST=$1; WL=$2; WARM=$3; N=$4
 cd "$(dirname "$0")/.."
 D=$(mktemp -d)
-node dist/bench/upstream.js --ports 0,0,0 > "$D/up.json" & UPPID=$!
+UPARGS=(); [[ $WL == kv* ]] && UPARGS=(--version 1)
+node dist/bench/upstream.js --ports 0,0,0 "${UPARGS[@]}" > "$D/up.json" & UPPID=$!
 VPID=
 trap 'kill -TERM $VPID 2>/dev/null || true; kill $UPPID 2>/dev/null || true; rm -rf "$D"' EXIT
 sleep 0.8
 NODES=$(node -e "const p=JSON.parse(require('fs').readFileSync('$D/up.json','utf8')).ports;console.log(p.map((x,i)=>'node-'+i+'=http://127.0.0.1:'+x).join(','))")
+FRONT=(--nodes "$NODES")
+if [[ $WL == kv* ]]; then
+  node -e "const fs=require('fs');const p=JSON.parse(fs.readFileSync('$D/up.json','utf8')).ports;fs.writeFileSync('$D/lf.json',JSON.stringify({clusters:[{name:'s',nodes:p.map((x,i)=>({id:'node-'+i,url:'http://127.0.0.1:'+x}))}],routes:[{path:'/kv/*',cluster:'s',quorum:{n:3,w:2,r:2,sloppy:false}}]}))"
+  FRONT=(--config "$D/lf.json")
+fi
 valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes --smc-check=all-non-file --callgrind-out-file="$D/cg.%p" \
-  node "$DIST/src/cli.js" --nodes "$NODES" --port 0 --threads 1 --host 127.0.0.1 --health-interval-ms 600000 ${LF_ARGS:-} > "$D/lf.log" 2> "$D/vg.log" & VPID=$!
+  node "$DIST/src/cli.js" "${FRONT[@]}" --port 0 --threads 1 --host 127.0.0.1 --health-interval-ms 600000 ${LF_ARGS:-} > "$D/lf.log" 2> "$D/vg.log" & VPID=$!
 URL=
 for _ in $(seq 120); do URL=$(grep -o 'http://127.0.0.1:[0-9]*' "$D/lf.log" | head -1 || true); [ -n "$URL" ] && break; sleep 0.5; done
 node dist/bench/count.js "$URL" "$WARM" "$WL" > /dev/null

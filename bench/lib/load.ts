@@ -44,7 +44,7 @@ function mix(reads: autocannon.Request, writes: autocannon.Request, count = BOAR
 
 const GET_SMALL: autocannon.Request = { method: 'GET', path: '/rpc/query.execute', headers: {} };
 
-/** Whole-value writes and reads of 64 keys on a replicated route (`/kv/*`, bench/ir-quorum.sh). */
+/** Whole-value writes and reads of 64 keys on a replicated route (`/kv/*`, bench/ir.sh kvput). */
 function keys(method: 'PUT' | 'GET'): autocannon.Request[] {
   return Array.from({ length: 64 }, (_, i) => ({
     method,
