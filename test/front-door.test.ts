@@ -5,7 +5,6 @@
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { connect, createServer, Server } from 'node:net';
-import { Client } from 'undici';
 import { after, afterEach, before, describe, it } from 'node:test';
 import { DROPPED_REQUEST_HEADERS } from '../src/contract.js';
 import { route, type RouterServer } from '../src/router/index.js';

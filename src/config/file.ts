@@ -21,7 +21,7 @@
 import { DEFAULT_AFFINITY_HEADER, DEFAULT_TICKET_TTL_SECONDS, ticketFits, type AffinitySettings } from '../affinity/tickets.js';
 import { DROPPED_REQUEST_HEADERS, HEDGED_HEADER, IDEMPOTENT_HEADER, SERVED_BY_HEADER } from '../contract.js';
 import { ConfigError } from '../errors.js';
-import { validateMembers, type MemberConfig } from '../membership/membership.js';
+import { REGION_NAME, validateMembers, type MemberConfig } from '../membership/membership.js';
 import { POLICY_NAMES, type OperationRules, type PolicyName, type PolicySettings } from '../server/protocol.js';
 import type { ClusterConfig, RouteConfig } from '../server/supervisor.js';
 import { ETCD_HEALTH_PATH, ETCD_OPERATIONS, etcdPreset } from './presets.js';
@@ -193,7 +193,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
   if (!isObject(raw)) fail(file, 'must hold a JSON object');
   known(raw, ['port', 'host', 'threads', 'region', 'hintsFile', 'clusters', 'routes'], file);
   const region = str(raw, 'region', file);
-  if (region !== undefined && !/^[A-Za-z0-9._-]{1,64}$/.test(region)) fail(`${file}: region`, `must be 1-64 letters, digits, '.', '_' or '-', got ${JSON.stringify(region)}`);
+  if (region !== undefined && !REGION_NAME.test(region)) fail(`${file}: region`, `must be 1-64 letters, digits, '.', '_' or '-', got ${JSON.stringify(region)}`);
   const clustersRaw = raw.clusters;
   if (!Array.isArray(clustersRaw) || clustersRaw.length === 0) fail(`${file}: clusters`, 'must be a non-empty list');
   const clusters: ClusterConfig[] = [];

@@ -11,6 +11,9 @@ import { ConfigError } from '../errors.js';
 import { quantiseWeight, type NodeInfo } from '../hashing/rendezvous.js';
 import { PollLoop } from './poll.js';
 
+/** A region's name (a node's, the front door's): 1-64 letters, digits, '.', '_' or '-'. */
+export const REGION_NAME = /^[A-Za-z0-9._-]{1,64}$/;
+
 export interface MemberConfig {
   readonly id: string;
   readonly url: string;
@@ -61,7 +64,7 @@ export function validateMembers(members: readonly MemberConfig[], what = 'nodes'
       throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}" (http(s)://host:port only, no path)`);
     }
     const region = member.region;
-    if (region !== undefined && (typeof region !== 'string' || !/^[A-Za-z0-9._-]{1,64}$/.test(region))) {
+    if (region !== undefined && (typeof region !== 'string' || !REGION_NAME.test(region))) {
       throw new ConfigError(`${what}: bad region ${JSON.stringify(region)} for node "${id}" (1-64 letters, digits, '.', '_' or '-')`);
     }
     return region === undefined ? { id, url: url.origin } : { id, url: url.origin, region };

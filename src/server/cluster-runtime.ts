@@ -294,7 +294,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   }
 
   settle(exchange: Exchange): void {
-    if (exchange.winner >= 0) this.slot.bumpNode(this.globalIndex[exchange.servedBy]!, N_WINS);
+    if (exchange.winner >= 0) this.won(exchange.servedBy);
     (exchange.context as ProxiedRequest).settled(exchange, this);
   }
 

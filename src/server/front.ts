@@ -725,10 +725,6 @@ export class WorkerFront implements TunnelHost {
         this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not a key a replicated route takes', ErrorCodes.BAD_REQUEST), this.draining, null, head);
         return;
       }
-      if (scan.upgrade !== '' && /websocket/i.test(scan.upgrade)) {
-        this.refuse(res, 501, errorBody('a replicated route carries no WebSockets: each request goes to several replicas', ErrorCodes.UNSUPPORTED), true, null, head);
-        return;
-      }
       if (keyHeader === null) key = url;
       retryable = false;
     } else if (route.classifier !== null) {
@@ -746,11 +742,13 @@ export class WorkerFront implements TunnelHost {
       retryable = isSafeMethod(method) || isIdempotentPath(url) || scan.idempotent;
       op = retryable ? OP_READ : OP_WRITE;
     }
-    // A WebSocket handshake uWS did not take (not a GET, or no valid sec-websocket-key):
-    // forwarded as a plain request it would get the node's 200 and fail. (Any other upgrade,
-    // such as h2c, is ignored, as a server may: the request is served over HTTP/1.1.)
+    // A WebSocket handshake uWS did not take: on a replicated route (no tunnels there), or not a
+    // GET, or without a valid sec-websocket-key. Forwarded as a plain request it would get the
+    // node's 200 and fail. (Any other upgrade, such as h2c, is ignored, as a server may: the
+    // request is served over HTTP/1.1.)
     if (scan.upgrade !== '' && /websocket/i.test(scan.upgrade)) {
-      this.refuse(res, 400, errorBody('bad WebSocket handshake: a GET with a sec-websocket-key of 24 characters is needed', ErrorCodes.BAD_REQUEST), true, null, head);
+      if (route.replicas !== null) this.refuse(res, 501, errorBody('a replicated route carries no WebSockets: each request goes to several replicas', ErrorCodes.UNSUPPORTED), true, null, head);
+      else this.refuse(res, 400, errorBody('bad WebSocket handshake: a GET with a sec-websocket-key of 24 characters is needed', ErrorCodes.BAD_REQUEST), true, null, head);
       return;
     }
     if (scan.chunked && !isChunkedOnly(scan.codings)) {
