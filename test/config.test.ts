@@ -139,6 +139,7 @@ describe('configuration file', () => {
     ['a duplicate node id across clusters', { ...good, clusters: [good.clusters[0], { name: 'c2', nodes: 'a=http://127.0.0.1:9' }] }, /clusters\[1\]\.nodes: node id "a" is used by another cluster/],
     ['an unknown setting', { ...good, colour: 'blue' }, /lf\.json\.colour: unknown setting/],
     ['a bad path', { ...good, routes: [{ path: 'rpc', cluster: 'boards' }] }, /routes\[0\]\.path: must start with \//],
+    ['a route over the front door\'s own /stats', { ...good, routes: [{ path: '/stats', cluster: 'boards' }] }, /routes\[0\]\.path: \/stats is the front door's own endpoint/],
     ['a bad rho', { ...good, clusters: [{ ...good.clusters[1], policy: { rho: 0.5 } }, good.clusters[0]] }, /clusters\[0\]\.policy\.rho: must be a number in 1\.\.1000, got 0\.5/],
     ['no routes', { ...good, routes: [] }, /lf\.json: routes: must be a non-empty list/],
     // Framing headers are consumed by the front door, never seen as a key: every request got 401.

@@ -149,7 +149,7 @@ describe('front door: HTTP surface', () => {
   });
 
   it('answers 404 {"error":"not found"} for anything else', async () => {
-    for (const [method, path] of [['GET', '/nope'], ['POST', '/health'], ['DELETE', '/']]) {
+    for (const [method, path] of [['GET', '/nope'], ['POST', '/healthz'], ['DELETE', '/']]) {
       const reply = await call(`${server.url}${path}`, { method: method! });
       assert.equal(reply.status, 404, `${method} ${path}`);
       assert.deepEqual(reply.json(), { error: 'not found' });
@@ -351,6 +351,35 @@ describe('front door: HTTP surface', () => {
     }
     assert.match(answers[2]!, /^HTTP\/1\.1 200 [^]*"ok":true/);
     assert.equal(closed, false);
+  });
+
+  it('answers HEAD on its own endpoints as GET without the body, and 405 for other methods', async () => {
+    const paths = ['/health', '/route?board=own-board', '/stats'];
+    const { answers, closed } = await inTurn(server.port, [
+      ...paths.map((path) => `HEAD ${path} HTTP/1.1\r\nhost: x\r\n\r\n`),
+      ...paths.map((path) => `GET ${path} HTTP/1.1\r\nhost: x\r\n\r\n`),
+    ]);
+    assert.equal(answers.length, 6, `answers: ${JSON.stringify(answers)}`);
+    assert.equal(closed, false);
+    for (let i = 0; i < paths.length; i++) {
+      const head = answers[i]!;
+      const get = answers[i + paths.length]!;
+      assert.match(head, /^HTTP\/1\.1 200 /, paths[i]);
+      assert.ok(head.endsWith('\r\n\r\n'), `HEAD ${paths[i]}: no body`);
+      assert.match(head, /\r\ncontent-type: application\/json\r\n/i);
+      const body = get.slice(get.indexOf('\r\n\r\n') + 4);
+      assert.ok(body.startsWith('{'), `GET ${paths[i]} has its JSON body`);
+      // /stats counts change between the two; /health and /route say the same length.
+      if (paths[i] !== '/stats') assert.equal(Number(/content-length: (\d+)/i.exec(head)![1]), Buffer.byteLength(body), paths[i]);
+    }
+    const hits = nodes.reduce((s, n) => s + n.hits(), 0);
+    for (const path of ['/health', '/route', '/stats']) {
+      const reply = await call(`${server.url}${path}`, { method: 'POST', body: 'x' });
+      assert.equal(reply.status, 405, path);
+      assert.equal(reply.headers['allow'], 'GET, HEAD');
+      assert.match(reply.json<{ error: string }>().error, /answers GET and HEAD, not POST/);
+    }
+    assert.equal(nodes.reduce((s, n) => s + n.hits(), 0), hits, 'nothing was proxied');
   });
 
   it('rejects a body over the limit with 413 and forwards nothing', async () => {
@@ -668,7 +697,7 @@ describe('front door: the drain deadline', () => {
 });
 
 describe('front door: start-up', () => {
-  it('takes a route on every path (/*), keeping its own /health', async () => {
+  it('takes a route on every path (/*), keeping its own /health, and refuses a route on /health', async () => {
     const nodes = await startNodes('all-a', 'all-b');
     const door = await FrontDoor.start({
       host: '127.0.0.1',
@@ -685,6 +714,23 @@ describe('front door: start-up', () => {
       assert.equal(reply.status, 200);
       assert.match(String(reply.headers['x-lakefront-served-by']), /^all-[ab]$/);
       assert.deepEqual((await call(`${door.url}/health`)).json<{ healthy: string[] }>().healthy.sort(), ['all-a', 'all-b']);
+      // Every method on its own paths is the front door's: not passed to the catch-all route.
+      const hits = nodes.reduce((s, n) => s + n.hits(), 0);
+      assert.equal((await call(`${door.url}/health`, { method: 'POST', body: 'x' })).status, 405);
+      assert.equal(nodes.reduce((s, n) => s + n.hits(), 0), hits);
+      await assert.rejects(
+        FrontDoor.start({
+          host: '127.0.0.1',
+          port: 0,
+          threads: 1,
+          clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+          routes: [{ pattern: '/health', cluster: 'default', policy: 'round_robin', keyHeader: null }],
+          healthIntervalMs: 60_000,
+          healthTimeoutMs: 500,
+          settings: defaultSettings({}),
+        }),
+        /route \/health: the front door answers \/health, \/route, \/stats itself/,
+      );
     } finally {
       await door.stop();
       await Promise.all(nodes.map((n) => n.stop()));

@@ -22,7 +22,7 @@ import { DEFAULT_AFFINITY_HEADER, DEFAULT_TICKET_TTL_SECONDS, ticketFits, type A
 import { DROPPED_REQUEST_HEADERS, HEDGED_HEADER, IDEMPOTENT_HEADER, SERVED_BY_HEADER } from '../contract.js';
 import { ConfigError } from '../errors.js';
 import { REGION_NAME, validateMembers, type MemberConfig } from '../membership/membership.js';
-import { POLICY_NAMES, type OperationRules, type PolicyName, type PolicySettings } from '../server/protocol.js';
+import { OWN_PATHS, POLICY_NAMES, type OperationRules, type PolicyName, type PolicySettings } from '../server/protocol.js';
 import type { ClusterConfig, RouteConfig } from '../server/supervisor.js';
 import { ETCD_HEALTH_PATH, ETCD_OPERATIONS, etcdPreset } from './presets.js';
 import { CONSISTENCY_LEVELS, DEFAULT_HINT_WINDOW_MS, DEFAULT_MAX_HINT_BYTES, majority, type Consistency, type QuorumSettings } from '../replication/quorum.js';
@@ -247,6 +247,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     known(r, ['path', 'cluster', 'policy', 'keyHeader', 'preset', 'operations', 'hedge', 'failoverUnsent', 'affinity', 'quorum'], where);
     const path = str(r, 'path', where, true);
     if (!PATH_PATTERN.test(path)) fail(`${where}.path`, `must start with / and may end in *, got ${JSON.stringify(path)}`);
+    if (OWN_PATHS.includes(path)) fail(`${where}.path`, `${path} is the front door's own endpoint (${OWN_PATHS.join(', ')} are not proxied)`);
     const cluster = str(r, 'cluster', where, true);
     const clusterConfig = clusters.find((c) => c.name === cluster);
     if (clusterConfig === undefined) fail(`${where}.cluster`, `unknown cluster "${cluster}"`);

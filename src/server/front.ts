@@ -85,6 +85,8 @@ function replicatedOp(method: string): number {
 }
 
 const REPLICATED_METHODS = 'GET, HEAD, PUT, DELETE';
+/** What the front door's own endpoints (`/health`, `/route`, `/stats`) answer. */
+const OWN_METHODS = 'GET, HEAD';
 
 /** One proxied request: its client response, what to send upstream, and the exchange. */
 class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
@@ -363,7 +365,8 @@ export class WorkerFront implements TunnelHost {
   private readonly runtimes: ClusterRuntime[];
   private readonly routes: BoundRoute[];
   private readonly histograms: NodeHistograms;
-  private readonly pendingStats = new Map<number, HttpResponse>();
+  /** `/stats` requests waiting for the control plane, and whether each is a HEAD. */
+  private readonly pendingStats = new Map<number, { res: HttpResponse; head: boolean }>();
   /** Proxied requests not yet answered or aborted. */
   private active = 0;
   /** Unfinished requests, newest first (an intrusive list: no allocation per request). */
@@ -479,10 +482,10 @@ export class WorkerFront implements TunnelHost {
   }
 
   statsReply(id: number, body: string): void {
-    const res = this.pendingStats.get(id);
-    if (!res) return;
+    const pending = this.pendingStats.get(id);
+    if (!pending) return;
     this.pendingStats.delete(id);
-    replyJson(res, 200, body);
+    replyJson(pending.res, 200, body, false, null, pending.head);
   }
 
   /** @internal A new request joins the list of unfinished ones. */
@@ -541,8 +544,8 @@ export class WorkerFront implements TunnelHost {
     // been applied) before the connections close.
     while (this.unfinished !== null) this.unfinished.shutDown();
     // So does a /stats request still waiting for the control plane.
-    for (const res of this.pendingStats.values()) {
-      replyJson(res, 503, errorBody('the front door shut down before the statistics arrived', ErrorCodes.SHUTTING_DOWN), true);
+    for (const { res, head } of this.pendingStats.values()) {
+      replyJson(res, 503, errorBody('the front door shut down before the statistics arrived', ErrorCodes.SHUTTING_DOWN), true, null, head);
     }
     this.pendingStats.clear();
     this.closeApp();
@@ -591,9 +594,21 @@ export class WorkerFront implements TunnelHost {
 
   private mount(): void {
     const app = this.app;
-    app.get('/health', (res) => this.health(res));
-    app.get('/route', (res, req) => this.routeInfo(res, req));
-    app.get('/stats', (res) => this.stats(res));
+    // The front door's own endpoints: GET, and HEAD (the same answer without its body: uWS
+    // routes HEAD apart from GET); any other method gets 405, not the proxied route or the 404.
+    const own: [string, (res: HttpResponse, req: HttpRequest, head: boolean) => void][] = [
+      ['/health', (res, _req, head) => this.health(res, head)],
+      ['/route', (res, req, head) => this.routeInfo(res, req, head)],
+      ['/stats', (res, _req, head) => this.stats(res, head)],
+    ];
+    for (const [path, handler] of own) {
+      app.get(path, (res, req) => handler(res, req, false));
+      app.head(path, (res, req) => handler(res, req, true));
+      app.any(path, (res, req) => {
+        const method = req.getCaseSensitiveMethod();
+        this.refuse(res, 405, errorBody(`${path} answers GET and HEAD, not ${method}`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, OWN_METHODS);
+      });
+    }
     // WebSocket handshakes on a proxied route become tunnels; uWS passes any other request on.
     this.tunnels.mount(app, this.routes);
     for (const route of this.routes) app.any(route.spec.pattern, (res, req) => this.proxy(route, res, req));
@@ -618,26 +633,26 @@ export class WorkerFront implements TunnelHost {
     return out;
   }
 
-  private health(res: HttpResponse): void {
+  private health(res: HttpResponse, head: boolean): void {
     this.refresh();
     const healthy: string[] = [];
     for (const runtime of this.runtimes) healthy.push(...this.healthyIds(runtime));
-    replyJson(res, 200, JSON.stringify({ ok: true, healthy }), this.draining);
+    replyJson(res, 200, JSON.stringify({ ok: true, healthy }), this.draining, null, head);
   }
 
-  private routeInfo(res: HttpResponse, req: HttpRequest): void {
+  private routeInfo(res: HttpResponse, req: HttpRequest, head: boolean): void {
     this.refresh();
     const board = req.getQuery('board');
     const clusterName = req.getQuery('cluster');
     if (!board) {
-      replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST));
+      replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST), false, null, head);
       return;
     }
     const pattern = req.getQuery('route');
     const route = pattern ? this.routes.find((r) => r.spec.pattern === pattern) : clusterName ? this.routes.find((r) => r.runtime.name === clusterName) : this.routes[0];
     if (!route) {
       const what = pattern ? `route "${pattern}"` : `cluster "${clusterName}"`;
-      replyJson(res, 404, errorBody(`unknown ${what}`, ErrorCodes.NOT_FOUND));
+      replyJson(res, 404, errorBody(`unknown ${what}`, ErrorCodes.NOT_FOUND), false, null, head);
       return;
     }
     const runtime = route.runtime;
@@ -655,12 +670,12 @@ export class WorkerFront implements TunnelHost {
       for (let i = 0; i < count; i++) replicas.push({ id: runtime.ids[this.rankScratch[i]!]!, healthy: runtime.isRoutable(this.rankScratch[i]!) });
       answer.replicas = replicas;
     }
-    replyJson(res, 200, JSON.stringify(answer), this.draining);
+    replyJson(res, 200, JSON.stringify(answer), this.draining, null, head);
   }
 
-  private stats(res: HttpResponse): void {
+  private stats(res: HttpResponse, head: boolean): void {
     const id = this.nextStatsId++;
-    this.pendingStats.set(id, res);
+    this.pendingStats.set(id, { res, head });
     res.onAborted(() => this.pendingStats.delete(id));
     this.hooks.requestStats(id);
   }

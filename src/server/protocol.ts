@@ -14,6 +14,9 @@ export const OP_UNSUPPORTED = 2;
 
 export type PolicyName = 'rendezvous' | 'ring' | 'round_robin' | 'boltzmann' | 'hybrid';
 
+/** Paths the front door answers itself, for every method: no route may take them. */
+export const OWN_PATHS: readonly string[] = ['/health', '/route', '/stats'];
+
 export const POLICY_NAMES: readonly PolicyName[] = ['rendezvous', 'ring', 'round_robin', 'boltzmann', 'hybrid'];
 
 /**

@@ -22,6 +22,7 @@ import { Router } from '../router/router.js';
 import { EtcdLeaderProbe } from '../membership/leader.js';
 import { quorumProblem, type QuorumSettings } from '../replication/quorum.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, SavedHint, WorkerInit, WorkerMessage } from './protocol.js';
+import { OWN_PATHS } from './protocol.js';
 
 export interface ClusterConfig {
   readonly name: string;
@@ -160,6 +161,7 @@ export class FrontDoor extends EventEmitter {
     this.routes = config.routes.map((route) => {
       const cluster = config.clusters.findIndex((c) => c.name === route.cluster);
       if (cluster < 0) throw new Error(`route ${route.pattern}: unknown cluster "${route.cluster}"`);
+      if (OWN_PATHS.includes(route.pattern)) throw new ConfigError(`route ${route.pattern}: the front door answers ${OWN_PATHS.join(', ')} itself`);
       const problem = route.quorum ? quorumProblem(route.quorum, config.clusters[cluster]!.members.length) : null;
       if (problem !== null) throw new ConfigError(`route ${route.pattern}: quorum: ${problem}`);
       if (route.quorum && route.policy !== 'ring') throw new ConfigError(`route ${route.pattern}: a replicated route places keys on the ring: policy "ring", not "${route.policy}"`);
