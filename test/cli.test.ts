@@ -11,7 +11,7 @@ import { createServer as createHttpsServer } from 'node:https';
 import { createServer, type AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
-import WebSocket from 'ws';
+import WebSocket, { WebSocketServer } from 'ws';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 import { call, rpc, waitForLine } from './fixtures/http.js';
 
@@ -244,7 +244,7 @@ describe('lakefront command: running', () => {
     }
   });
 
-  it('reaches an https node through the undici transport (trusting the CA given in NODE_EXTRA_CA_CERTS)', async () => {
+  it('reaches an https node through the undici transport, and tunnels a WebSocket to it over TLS (trusting the CA given in NODE_EXTRA_CA_CERTS)', async () => {
     // Sources are compiled to dist/test; the certificate stays in test/fixtures/tls.
     const tlsDir = new URL('../../test/fixtures/tls/', import.meta.url);
     const certFile = fileURLToPath(new URL('cert.pem', tlsDir));
@@ -254,6 +254,9 @@ describe('lakefront command: running', () => {
       res.setHeader('content-type', 'application/json');
       res.end(req.url === '/health' ? '{"ok":true}' : '{"secure":true}');
     });
+    // The same node echoes WebSocket messages (wss:), prefixed so the echo is known to be its.
+    const echo = new WebSocketServer({ server: secure });
+    echo.on('connection', (socket) => socket.on('message', (data, isBinary) => socket.send(isBinary ? data : `tls:${String(data)}`, { binary: isBinary })));
     secure.listen(0, '127.0.0.1');
     await once(secure, 'listening');
     const port = (secure.address() as AddressInfo).port;
@@ -268,9 +271,17 @@ describe('lakefront command: running', () => {
       assert.equal(reply.text, '{"secure":true}');
       assert.ok(paths.includes('/health'), 'the health probe spoke https too');
       assert.deepEqual((await call(`${url}/health`)).json<{ healthy: string[] }>().healthy, ['tls-node']);
+      const socket = new WebSocket(`${url!.replace('http:', 'ws:')}/rpc/live`, { headers: { 'x-lakefront-board': 'tls-board' } });
+      await once(socket, 'open');
+      socket.send('over tls');
+      const [message] = (await once(socket, 'message')) as [Buffer];
+      assert.equal(String(message), 'tls:over tls');
+      socket.close(1000);
+      await once(socket, 'close');
     } finally {
       run.child.kill('SIGTERM');
       assert.equal(await exitOf(run), 0);
+      echo.close();
       secure.closeAllConnections();
       secure.close();
     }

@@ -19,16 +19,14 @@
  * - On drain, every tunnel is closed with 1001 (going away) on both sides, and a handshake still
  *   waiting for its node is answered 503.
  *
- * Upstream client: `ws` (DEPENDENCIES.md). It refuses a handshake whose subprotocol does not match
- * what it offered in either direction, so the offer travels as a plain header and the node's
- * choice is read (and hidden from `ws`) in its `upgrade` event, before `ws` checks it.
+ * Upstream client: `WsUpstream` (src/forward/ws-upstream.ts), a small RFC 6455 client that reads
+ * into one buffer per thread and masks a client's message straight from uWS's buffer.
  */
 import { Buffer } from 'node:buffer';
-import type { IncomingMessage } from 'node:http';
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
-import type WebSocket from 'ws';
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
 import { MAX_CANDIDATES, isGatewayFailure } from '../forward/exchange.js';
+import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
 import { pinFirst, preferRegion, regionTurn, type Policy } from '../policies/types.js';
@@ -38,17 +36,7 @@ import type { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, type NodeSpec, type RouteSpec } from './protocol.js';
 import { statusBytes } from './relay.js';
 
-/**
- * The `ws` client, loaded at the first handshake: a worker that never tunnels a WebSocket does
- * not carry it (memory per worker counts against the idle-connection budget).
- */
-let WsClient: typeof WebSocket | null = null;
-let loadingWs: Promise<typeof WebSocket> | null = null;
-function loadWs(): Promise<typeof WebSocket> {
-  loadingWs ??= import('ws').then((module) => (WsClient = module.default));
-  return loadingWs;
-}
-/** `WebSocket.OPEN`, without loading `ws` to read it. */
+/** `WsUpstream.state` of an open socket. */
 const OPEN = 1;
 
 /** Stop reading the node while the client is this far behind; read again below the low mark. */
@@ -87,7 +75,7 @@ export interface TunnelHost {
 }
 
 interface Tunnel {
-  readonly upstream: WebSocket;
+  readonly upstream: WsUpstream;
   /** The first message to the client (its affinity ticket), or null. */
   greeting: string | null;
   client: ClientSocket<{ tunnel: Tunnel }> | null;
@@ -228,9 +216,8 @@ export class WebSocketTunnels {
     if (pin >= 0) pinFirst(ranking, count, pin, runtime.view.weights[pin]! > 0);
     host.slot.bump(C_REQUESTS);
     if (offered !== '') headers['sec-websocket-protocol'] = offered;
-    const offer = new Set(offered.split(',').map((p) => p.trim()).filter((p) => p !== ''));
     let aborted = false;
-    let current: WebSocket | null = null;
+    let current: WsUpstream | null = null;
     res.onAborted(() => {
       aborted = true;
       this.pending.delete(shutDown);
@@ -244,31 +231,14 @@ export class WebSocketTunnels {
       host.refuse(res, 503, errorBody('the front door is shutting down', ErrorCodes.SHUTTING_DOWN), true);
     };
     this.pending.add(shutDown);
+    const ticketHeader = tickets === null ? null : tickets.header;
     const attempt = (ordinal: number): void => {
       const node = ranking[ordinal]!;
       const g = runtime.globalIndex[node]!;
       host.slot.bumpNode(g, N_ATTEMPTS);
-      // The node's origin and the path as the client sent it (no URL resolution).
-      const upstream = new WsClient!(this.origins[g]! + path, {
-        headers,
-        perMessageDeflate: false,
-        handshakeTimeout: host.handshakeTimeoutMs,
-        maxPayload: host.maxMessageBytes,
-        followRedirects: false,
-      });
-      current = upstream;
-      /** The attempt's outcome is decided: later events of its handshake are ignored. */
-      let decided = false;
-      let chosen = '';
-      const decide = (): boolean => {
-        if (decided) return false;
-        decided = true;
-        current = null;
-        return true;
-      };
+      /** This node cannot take the socket: the next one is tried, or 502 after the last. */
       const failed = (): void => {
-        if (!decide()) return;
-        upstream.terminate();
+        current = null;
         if (aborted) return;
         host.slot.bumpNode(g, N_FAILURES);
         if (ordinal + 1 < count) attempt(ordinal + 1);
@@ -277,83 +247,56 @@ export class WebSocketTunnels {
           host.refuse(res, 502, errorBody('every candidate node failed the WebSocket handshake', ErrorCodes.ALL_CANDIDATES_FAILED), false);
         }
       };
-      upstream.once('upgrade', (response: IncomingMessage) => {
-        const protocol = response.headers['sec-websocket-protocol'];
-        chosen = typeof protocol === 'string' ? protocol : '';
-        delete response.headers['sec-websocket-protocol'];
-      });
-      upstream.on('unexpected-response', (_request, response: IncomingMessage) => {
-        const status = response.statusCode ?? 502;
-        // A node that cannot serve now: the next one may.
-        if (isGatewayFailure(status)) {
-          response.resume();
-          failed();
-          return;
-        }
-        const chunks: Buffer[] = [];
-        let size = 0;
-        response.on('data', (chunk: Buffer) => {
-          size += chunk.length;
-          if (size <= MAX_RELAYED_BODY) chunks.push(chunk);
-        });
-        response.on('error', () => failed());
-        response.once('end', () => {
-          if (!decide()) return;
-          upstream.terminate();
+      const handshake: WsUpstreamHandler = {
+        onFailed: failed,
+        onRefused: (status, fields, body) => {
+          // A node that cannot serve now: the next one may.
+          if (isGatewayFailure(status)) {
+            failed();
+            return;
+          }
+          current = null;
           if (aborted) return;
           this.pending.delete(shutDown);
-          if (size > MAX_RELAYED_BODY) {
+          if (body === null) {
             host.refuse(res, 502, errorBody(`the node refused the WebSocket with a ${status} whose body is over ${MAX_RELAYED_BODY} bytes, too large to relay`, ErrorCodes.ALL_CANDIDATES_FAILED), false);
-          } else this.relayRefusal(res, status, response, Buffer.concat(chunks), runtime.ids[node]!, tickets === null ? null : tickets.header);
-        });
-      });
-      // Before the handshake completed; after it, 'close' ends the tunnel.
-      upstream.on('error', () => failed());
-      upstream.once('open', () => {
-        // A subprotocol the client did not offer: the client would have to fail it (RFC 6455).
-        if (chosen !== '' && !offer.has(chosen)) {
-          failed();
-          return;
-        }
-        if (!decide()) return;
-        this.pending.delete(shutDown);
-        if (aborted) {
-          upstream.terminate();
-          return;
-        }
-        const tunnel = this.tunnel(upstream);
-        // The first message down the socket is the ticket naming the node it reached.
-        if (tickets !== null) tunnel.greeting = JSON.stringify({ t: 'affinity', ticket: tickets.mint(runtime.ids[node]!, region) });
-        // A browser that offered only its ticket fails a handshake that selects nothing.
-        const selected = chosen === '' ? ticketProtocol : chosen;
-        res.cork(() => res.upgrade({ tunnel }, secKey, selected, '', context));
-      });
-    };
-    if (WsClient !== null) attempt(0);
-    else {
-      loadWs().then(
-        () => {
-          if (!aborted) attempt(0);
+          } else this.relayRefusal(res, status, fields, body, runtime.ids[node]!, ticketHeader);
         },
-        (err: Error) => {
-          if (aborted) return;
-          aborted = true;
+        onOpen: (protocol) => {
+          current = null;
           this.pending.delete(shutDown);
-          host.refuse(res, 502, errorBody(`WebSocket client unavailable: ${err.message}`, ErrorCodes.ALL_CANDIDATES_FAILED), false);
+          if (aborted) {
+            upstream.terminate();
+            return;
+          }
+          const tunnel = this.tunnel(upstream);
+          // The first message down the socket is the ticket naming the node it reached.
+          if (tickets !== null) tunnel.greeting = JSON.stringify({ t: 'affinity', ticket: tickets.mint(runtime.ids[node]!, region) });
+          // A browser that offered only its ticket fails a handshake that selects nothing.
+          const selected = protocol === '' ? ticketProtocol : protocol;
+          res.cork(() => res.upgrade({ tunnel }, secKey, selected, '', context));
         },
+        // Until it opens, nothing else comes; then the tunnel takes the socket's events.
+        onMessage: () => {},
+        onClose: () => {},
+      };
+      // The node's origin and the path as the client sent it (no URL resolution).
+      const upstream = new WsUpstream(
+        { origin: this.origins[g]!, path, headers, handshakeTimeoutMs: host.handshakeTimeoutMs, maxPayload: host.maxMessageBytes, maxRefusalBytes: MAX_RELAYED_BODY },
+        handshake,
       );
-    }
+      current = upstream;
+    };
+    attempt(0);
   }
 
   /** A node's answer other than 101, relayed (hop-by-hop and uWS's own headers dropped). */
-  private relayRefusal(res: HttpResponse, status: number, response: IncomingMessage, body: Buffer, servedBy: string, ticketHeader: string | null): void {
+  private relayRefusal(res: HttpResponse, status: number, fields: readonly (readonly [string, string])[], body: Buffer, servedBy: string, ticketHeader: string | null): void {
     res.cork(() => {
       res.writeStatus(statusBytes(status));
-      const raw = response.rawHeaders;
-      for (let i = 0; i + 1 < raw.length; i += 2) {
-        const name = raw[i]!.toLowerCase();
+      for (const [name, value] of fields) {
         if (name === 'date' || name === 'content-length' || name === SERVED_BY_HEADER || name === ticketHeader || DROPPED_REQUEST_HEADERS.has(name)) continue;
-        res.writeHeader(name, raw[i + 1]!);
+        res.writeHeader(name, value);
       }
       res.writeHeader(SERVED_BY_HEADER, servedBy);
       res.end(body);
@@ -361,24 +304,26 @@ export class WebSocketTunnels {
   }
 
   /** A tunnel around a node's open socket; the client side is attached when uWS opens it. */
-  private tunnel(upstream: WebSocket): Tunnel {
+  private tunnel(upstream: WsUpstream): Tunnel {
     const tunnel: Tunnel = { upstream, greeting: null, client: null, early: null, clientClosed: false, upstreamClosed: false };
     this.open.add(tunnel);
     this.host.slot.bump(C_WEBSOCKETS);
-    upstream.on('message', (data: Buffer, isBinary: boolean) => {
-      if (tunnel.client === null) (tunnel.early ??= []).push([data, isBinary]);
-      else this.toClient(tunnel, data, isBinary);
-    });
-    upstream.on('close', (code: number, reason: Buffer) => {
-      tunnel.upstreamClosed = true;
-      this.forget(tunnel);
-      this.endClient(tunnel, code, reason);
-    });
-    // The node broke the protocol (a message too large, bad UTF-8 ...): `ws` closes its side with
-    // the matching code; the client is told the same, not a bare cut (1006).
-    upstream.on('error', (err: Error & { code?: string }) => {
-      const code = err.code === 'WS_ERR_UNSUPPORTED_MESSAGE_LENGTH' ? 1009 : err.code === 'WS_ERR_INVALID_UTF8' ? 1007 : err.code?.startsWith('WS_ERR_') ? 1002 : 0;
-      if (code !== 0) this.endClient(tunnel, code, 'the node broke the WebSocket protocol');
+    upstream.setHandler({
+      onOpen: () => {},
+      onRefused: () => {},
+      onFailed: () => {},
+      onMessage: (data, isBinary) => {
+        // `data` may view the read buffer: a message kept for later is copied.
+        if (tunnel.client === null) (tunnel.early ??= []).push([Buffer.from(data), isBinary]);
+        else this.toClient(tunnel, data, isBinary);
+      },
+      onClose: (code, reason, violation) => {
+        tunnel.upstreamClosed = true;
+        this.forget(tunnel);
+        // The node broke the protocol (a message too large, bad UTF-8 ...): its side was closed
+        // with the matching code, and the client is told the same, not a bare cut (1006).
+        this.endClient(tunnel, code, violation ? 'the node broke the WebSocket protocol' : reason);
+      },
     });
     return tunnel;
   }
@@ -417,9 +362,9 @@ export class WebSocketTunnels {
 
   private fromClient(tunnel: Tunnel, message: ArrayBuffer, isBinary: boolean): void {
     const upstream = tunnel.upstream;
-    if (tunnel.upstreamClosed || upstream.readyState !== OPEN) return;
-    // uWS neuters the buffer when this callback returns: `ws` may still hold it then.
-    upstream.send(Buffer.copyBytesFrom(new Uint8Array(message)), { binary: isBinary });
+    if (tunnel.upstreamClosed || upstream.state !== OPEN) return;
+    // Masked into a frame of its own now: uWS's buffer is not kept past this callback.
+    upstream.send(new Uint8Array(message), isBinary);
     if (upstream.bufferedAmount > BACKLOG_LIMIT) this.overloaded(tunnel);
   }
 
@@ -443,7 +388,7 @@ export class WebSocketTunnels {
     // Paused (the client was behind), the node's answering close frame would never be read
     // and `ws` would hold the connection for its 30 s close timeout.
     if (upstream.isPaused) upstream.resume();
-    if (upstream.readyState !== OPEN || code === 1006) upstream.terminate();
+    if (upstream.state !== OPEN || code === 1006) upstream.terminate();
     else if (sendable(code)) upstream.close(code, reason);
     else upstream.close();
   }
