@@ -77,14 +77,17 @@ const MAX_HEAD_BYTES = 16 * 1024;
 const GUID = '258EAFA5-E914-47DA-95CA-C5AB0DC85B11';
 const EMPTY = Buffer.alloc(0);
 
-/** Per-thread read buffer for every tunnel's socket (module state is per thread). */
-const READ_BUFFER = Buffer.allocUnsafe(64 * 1024);
-/** Per-thread buffer frames are masked into before they are written (see `frame`). */
+/**
+ * Per-thread buffers (module state is per thread), made at a worker's first tunnel: reads for
+ * every tunnel's socket; frames masked before they are written (see `frame`); masking keys,
+ * random bytes drawn four at a time and refilled from the CSPRNG when used up.
+ */
+let readBuffer: Buffer | null = null;
 const WRITE_SCRATCH_BYTES = 64 * 1024;
-let writeScratch = new PrefixViews(Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES));
-/** Masking keys: random bytes drawn four at a time, refilled from the CSPRNG when used up. */
-const MASKS = Buffer.allocUnsafeSlow(8 * 1024);
-let maskAt = MASKS.length;
+let writeScratch: PrefixViews | null = null;
+const MASK_BYTES = 8 * 1024;
+let masks: Buffer | null = null;
+let maskAt = MASK_BYTES;
 
 /** A close code a node may send (RFC 6455 7.4.1 and the IANA registry). */
 function receivable(code: number): boolean {
@@ -156,7 +159,7 @@ export class WsUpstream {
         port,
         noDelay: true,
         onread: {
-          buffer: READ_BUFFER,
+          buffer: (readBuffer ??= Buffer.allocUnsafe(64 * 1024)),
           callback: (n: number, buf: Uint8Array) => {
             this.received(buf as Buffer, n);
             return true;
@@ -547,6 +550,8 @@ export class WsUpstream {
     const header = length < 126 ? 6 : length < 0x10000 ? 8 : 14;
     const total = header + length;
     const socket = this.socket;
+    writeScratch ??= new PrefixViews(Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES));
+    masks ??= Buffer.allocUnsafeSlow(MASK_BYTES);
     // The per-thread buffer when the socket holds nothing (it keeps a view of what the kernel did
     // not take: the buffer is then handed over and a fresh one made), else a buffer of its own.
     const scratch = total <= WRITE_SCRATCH_BYTES && socket.writableLength === 0;
@@ -561,15 +566,15 @@ export class WsUpstream {
       out.writeUInt32BE(Math.floor(length / 0x1_0000_0000), 2);
       out.writeUInt32BE(length >>> 0, 6);
     }
-    if (maskAt + 4 > MASKS.length) {
-      randomFillSync(MASKS);
+    if (maskAt + 4 > MASK_BYTES) {
+      randomFillSync(masks);
       maskAt = 0;
     }
     const m = header - 4;
-    const m0 = (out[m] = MASKS[maskAt]!);
-    const m1 = (out[m + 1] = MASKS[maskAt + 1]!);
-    const m2 = (out[m + 2] = MASKS[maskAt + 2]!);
-    const m3 = (out[m + 3] = MASKS[maskAt + 3]!);
+    const m0 = (out[m] = masks[maskAt]!);
+    const m1 = (out[m + 1] = masks[maskAt + 1]!);
+    const m2 = (out[m + 2] = masks[maskAt + 2]!);
+    const m3 = (out[m + 3] = masks[maskAt + 3]!);
     maskAt += 4;
     let i = 0;
     for (; i + 3 < length; i += 4) {
@@ -578,7 +583,7 @@ export class WsUpstream {
       out[header + i + 2] = data[i + 2]! ^ m2;
       out[header + i + 3] = data[i + 3]! ^ m3;
     }
-    for (; i < length; i++) out[header + i] = data[i]! ^ MASKS[maskAt - 4 + (i & 3)]!;
+    for (; i < length; i++) out[header + i] = data[i]! ^ masks[maskAt - 4 + (i & 3)]!;
     if (scratch) {
       socket.write(writeScratch.of(total));
       if (socket.writableLength !== 0) writeScratch = new PrefixViews(Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES));
