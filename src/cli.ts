@@ -8,7 +8,7 @@ import { constants } from 'node:os';
 import { Command, helpText, parseCommand } from './config/config.js';
 import type { DemoCluster } from './demo.js';
 import { ConfigError } from './errors.js';
-import { FrontDoor } from './server/supervisor.js';
+import { FrontDoor, type FrontDoorConfig } from './server/supervisor.js';
 
 /** Exit code for a configuration the operator must fix. */
 const EXIT_CONFIG = 2;
@@ -79,23 +79,70 @@ async function main(): Promise<void> {
     await demo?.close();
     fail((err as Error).message, err instanceof ConfigError ? EXIT_CONFIG : 1);
   }
-  door.on('worker-exit', (slot: number, code: number) => {
-    process.stderr.write(`lakefront: worker ${slot} exited (code ${code}); replacing it\n`);
-  });
-  door.on('error', (err: Error) => process.stderr.write(`lakefront: ${err.message}\n`));
-
-  const nodes = config.clusters.flatMap((c) => c.members.map((m) => `${m.id}=${m.url}`)).join(', ');
-  process.stdout.write(
-    `lakefront: listening on ${door.url} with ${door.threads} worker thread(s) over ${demo ? 'the embedded demo cluster: ' : ''}${nodes}\n`,
-  );
-  if (demo) {
-    process.stdout.write(
-      `try: curl -s -X POST -H 'x-lakefront-board: board-1' -d '{}' ${door.url}/rpc/query.execute -i\n` +
-        `and, replicated on three nodes: curl -s -X PUT -d 'hello' ${door.url}/kv/greeting -i; curl -s ${door.url}/kv/greeting\n`,
-    );
-  }
+  const watch = (d: FrontDoor): void => {
+    d.on('worker-exit', (slot: number, code: number) => {
+      process.stderr.write(`lakefront: worker ${slot} exited (code ${code}); replacing it\n`);
+    });
+    d.on('error', (err: Error) => process.stderr.write(`lakefront: ${err.message}\n`));
+  };
+  watch(door);
+  const over = (c: FrontDoorConfig): string => c.clusters.flatMap((cluster) => cluster.members.map((m) => `${m.id}=${m.url}`)).join(', ');
 
   let signals = 0;
+  /** Front doors draining into their successors (reloads): a stop waits for them too. */
+  const draining = new Set<FrontDoor>();
+  let reloading: Promise<void> | null = null;
+  let reloadAgain = false;
+  const configFile = command.configFile;
+
+  /**
+   * SIGHUP, when a configuration file was given: it is read again and a front door running it
+   * takes over the port (`FrontDoor.reload`); a bad file, or one that cannot start, changes
+   * nothing. Without one SIGHUP keeps its default meaning (a hang-up ends the process).
+   */
+  const reload = (): void => {
+    if (signals > 0) return;
+    if (reloading !== null) {
+      // One more after the one running, with the file as it is then.
+      reloadAgain = true;
+      return;
+    }
+    reloading = (async () => {
+      let next: FrontDoorConfig;
+      try {
+        const parsed = parseCommand(process.argv.slice(2), process.env);
+        if (parsed.kind !== 'run') return;
+        next = parsed.config;
+      } catch (err) {
+        process.stderr.write(`lakefront: SIGHUP: ${(err as Error).message}; still serving the previous configuration\n`);
+        return;
+      }
+      const previous = door;
+      let successor: FrontDoor;
+      try {
+        successor = await previous.reload(next);
+      } catch (err) {
+        process.stderr.write(`lakefront: SIGHUP: ${(err as Error).message}; still serving the previous configuration\n`);
+        return;
+      }
+      door = successor;
+      config = next;
+      watch(successor);
+      draining.add(previous);
+      process.stdout.write(`lakefront: SIGHUP: reloaded ${configFile}: serving on ${successor.url} with ${successor.threads} worker thread(s) over ${over(next)}; the previous configuration drains\n`);
+      void previous.drained.then(() => {
+        draining.delete(previous);
+        process.stdout.write('lakefront: the previous configuration has drained\n');
+      });
+    })().finally(() => {
+      reloading = null;
+      if (reloadAgain && signals === 0) {
+        reloadAgain = false;
+        reload();
+      }
+    });
+  };
+
   const shutdown = (signal: NodeJS.Signals): void => {
     if (++signals > 2) {
       // The close is bounded and ends the process. As PID 1 this signal could only abort it.
@@ -104,9 +151,8 @@ async function main(): Promise<void> {
     }
     if (signals === 2) {
       process.stderr.write(`lakefront: second ${signal}: exiting without draining\n`);
-      door
-        .closeNow(CLOSE_NOW_MS)
-        .catch(() => [-1])
+      Promise.all([door, ...draining].map((d) => d.closeNow(CLOSE_NOW_MS).catch(() => [-1])))
+        .then((each) => each.flat())
         .then((stuck) => {
           if (stuck.length > 0) process.stderr.write(`lakefront: worker thread(s) ${stuck.join(', ')} did not end within ${CLOSE_NOW_MS} ms (stuck in JavaScript?)\n`);
           endBy(signal, stuck.length === 0);
@@ -114,9 +160,10 @@ async function main(): Promise<void> {
       return;
     }
     process.stdout.write(`lakefront: ${signal}: draining\n`);
-    // Once a second signal came, the end is its business (the drain ends as its workers do).
-    door
-      .stop()
+    // A reload under way finishes first: then the front door serving is the one to drain.
+    (reloading ?? Promise.resolve())
+      // Once a second signal came, the end is its business (the drain ends as its workers do).
+      .then(() => Promise.all([door.stop(), ...[...draining].map((d) => d.drained)]))
       .then(() => {
         // Not silently: what the drain dropped of the replicated routes' hinted handoff.
         const lost = door.hintsLost();
@@ -132,8 +179,19 @@ async function main(): Promise<void> {
         },
       );
   };
+  if (configFile !== null) process.on('SIGHUP', reload);
   process.on('SIGTERM', () => shutdown('SIGTERM'));
   process.on('SIGINT', () => shutdown('SIGINT'));
+  // Said once the signals are handled: whoever reads this line may signal at once.
+  process.stdout.write(
+    `lakefront: listening on ${door.url} with ${door.threads} worker thread(s) over ${demo ? 'the embedded demo cluster: ' : ''}${over(config)}\n`,
+  );
+  if (demo) {
+    process.stdout.write(
+      `try: curl -s -X POST -H 'x-lakefront-board: board-1' -d '{}' ${door.url}/rpc/query.execute -i\n` +
+        `and, replicated on three nodes: curl -s -X PUT -d 'hello' ${door.url}/kv/greeting -i; curl -s ${door.url}/kv/greeting\n`,
+    );
+  }
 }
 
 main().catch((err: Error) => fail(err.stack ?? err.message, 1));

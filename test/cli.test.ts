@@ -11,6 +11,7 @@ import { createServer as createHttpsServer } from 'node:https';
 import { createServer, type AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
+import { Client } from 'undici';
 import WebSocket, { WebSocketServer } from 'ws';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 import { call, rpc, waitForLine } from './fixtures/http.js';
@@ -51,6 +52,32 @@ async function endOf(run: Run): Promise<{ code: number | null; signal: NodeJS.Si
   const child = run.child;
   if (child.exitCode === null && child.signalCode === null) await once(child, 'exit');
   return { code: child.exitCode, signal: child.signalCode };
+}
+
+/** Resolves once the process's output (stdout and stderr) matches `pattern`. */
+async function outputMatches(run: Run, pattern: RegExp): Promise<RegExpMatchArray> {
+  for (;;) {
+    const match = run.output().match(pattern);
+    if (match) return match;
+    await Promise.race([
+      once(run.child.stdout!, 'data'),
+      once(run.child.stderr!, 'data'),
+      once(run.child, 'exit').then(() => {
+        throw new Error(`process exited before printing ${pattern}; output: ${run.output()}`);
+      }),
+    ]);
+  }
+}
+
+/** The healthy node ids, asked over a connection of its own (not one kept alive). */
+async function healthyOn(url: string): Promise<string[]> {
+  const client = new Client(url);
+  try {
+    const reply = await client.request({ path: '/health', method: 'GET' });
+    return ((await reply.body.json()) as { healthy: string[] }).healthy.sort();
+  } finally {
+    await client.close();
+  }
 }
 
 /** What Node prints when it aborts on a thread that still holds uWS's sockets. */
@@ -157,6 +184,55 @@ describe('lakefront command: running', () => {
     await assert.rejects(call(`${url}/health`, { fresh: true }), 'no longer accepting');
     assert.ok(!run.output().includes('do-not-log-me'), 'the Authorization header never reaches the log');
     for (const n of nodes) n.behaviour = { kind: 'answer' };
+  });
+
+  it('SIGHUP reads the --config file again and takes over the port; a bad file changes nothing', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lf-reload-'));
+    const file = join(dir, 'lf.json');
+    const write = (ids: string[]): void =>
+      writeFileSync(file, JSON.stringify({
+        clusters: [{ name: 'boards', nodes: nodes.filter((n) => ids.includes(n.id)).map((n) => ({ id: n.id, url: n.url })) }],
+        routes: [{ path: '/rpc/*', cluster: 'boards', keyHeader: 'x-lakefront-board' }],
+      }));
+    write(['c-a']);
+    const run = start(['--config', file, '--port', '0', '--host', '127.0.0.1', '--threads', '2', '--health-interval-ms', '60000']);
+    try {
+      const [, url] = await waitForLine(run.child, /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+      assert.deepEqual(await healthyOn(url!), ['c-a']);
+      write(['c-b', 'c-c']);
+      run.child.kill('SIGHUP');
+      // The same port, and the flags still apply (two threads).
+      const [, served] = await outputMatches(run, /lakefront: SIGHUP: reloaded \S+lf\.json: serving on (http:\/\/127\.0\.0\.1:\d+) with 2 worker thread\(s\) over c-b=\S+, c-c=\S+; the previous configuration drains\n/);
+      assert.equal(served, url);
+      await outputMatches(run, /lakefront: the previous configuration has drained/);
+      assert.deepEqual(await healthyOn(url!), ['c-b', 'c-c']);
+      // A file that does not parse: one line, and the configuration in place goes on.
+      writeFileSync(file, '{"clusters": [');
+      run.child.kill('SIGHUP');
+      await outputMatches(run, /lakefront: SIGHUP: \S+lf\.json: not valid JSON .*; still serving the previous configuration\n/);
+      assert.deepEqual(await healthyOn(url!), ['c-b', 'c-c']);
+      const reply = await rpc(url!, 'query.execute', 'after-reload');
+      assert.equal(reply.status, 200);
+      assert.match(String(reply.headers['x-lakefront-served-by']), /^c-[bc]$/);
+      run.child.kill('SIGTERM');
+      assert.equal(await exitOf(run), 0, run.output());
+      assert.doesNotMatch(run.output(), ABORTED);
+    } finally {
+      run.child.kill('SIGKILL');
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('SIGHUP without a --config file keeps its meaning: a hang-up ends the process', async () => {
+    const run = start(['--port', '0', '--threads', '1', '--host', '127.0.0.1', '--nodes', `c-a=${nodes[0]!.url}`]);
+    try {
+      await waitForLine(run.child, /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+      run.child.kill('SIGHUP');
+      assert.deepEqual(await endOf(run), { code: null, signal: 'SIGHUP' }, run.output());
+      assert.doesNotMatch(run.output(), ABORTED);
+    } finally {
+      run.child.kill('SIGKILL');
+    }
   });
 
   it('says on the way out how many hints for replicas that were down it dropped', async () => {

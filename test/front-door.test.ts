@@ -9,7 +9,8 @@ import { after, afterEach, before, describe, it } from 'node:test';
 import { DROPPED_REQUEST_HEADERS } from '../src/contract.js';
 import { route, type RouterServer } from '../src/router/index.js';
 import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
-import { FrontDoor } from '../src/server/supervisor.js';
+import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
+import { Pool } from 'undici';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 import { call, inTurn, ranking, rawExchange, rpc, type Reply } from './fixtures/http.js';
 
@@ -692,6 +693,122 @@ describe('front door: the drain deadline', () => {
       assert.deepEqual(node!.received.map((r) => r.headers['x-lakefront-board']), ['queued-1']);
     } finally {
       await node!.stop();
+    }
+  });
+});
+
+describe('front door: reload', () => {
+  function configOver(members: readonly FakeNode[], threads = 2): FrontDoorConfig {
+    return {
+      host: '127.0.0.1',
+      port: 0,
+      threads,
+      clusters: [{ name: 'default', members: members.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [RPC_ROUTE],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({ hedgeDelayMs: 60_000 }),
+    };
+  }
+
+  it('takes over the port with the new nodes, and not one request fails or is sent twice (keep-alive writes in closed loops, through four reloads)', async () => {
+    const [a, b] = await startNodes('rl-a', 'rl-b');
+    let door = await FrontDoor.start(configOver([a!]));
+    const port = door.port;
+    // Keep-alive connections, as clients hold them: each answer that closes one says so.
+    const pool = new Pool(door.url, { connections: 8 });
+    const statuses = new Map<number | string, number>();
+    let running = true;
+    const loops = Array.from({ length: 8 }, async (_, i) => {
+      for (let n = 0; running; n++) {
+        try {
+          const reply = await pool.request({ path: '/rpc/board.append', method: 'POST', body: `{"n":${n}}`, headers: { 'x-lakefront-board': `loop-${i}` } });
+          await reply.body.text();
+          statuses.set(reply.statusCode, (statuses.get(reply.statusCode) ?? 0) + 1);
+        } catch (err) {
+          const code = (err as { code?: string }).code ?? String(err);
+          statuses.set(code, (statuses.get(code) ?? 0) + 1);
+        }
+      }
+    });
+    /** Resolves at the next request either node gets. */
+    const nextRequest = (): Promise<void> =>
+      new Promise((resolve) => {
+        const seen = (): void => {
+          a!.off('request', seen);
+          b!.off('request', seen);
+          resolve();
+        };
+        a!.on('request', seen);
+        b!.on('request', seen);
+      });
+    try {
+      const sets = [[a!, b!], [b!], [a!], [a!, b!]];
+      for (const members of sets) {
+        // Some answers from the front door in place before each reload.
+        const before = a!.hits('/rpc/') + b!.hits('/rpc/');
+        while (a!.hits('/rpc/') + b!.hits('/rpc/') < before + 50) await nextRequest();
+        const previous = door;
+        door = await previous.reload(configOver(members, members.length));
+        assert.equal(door.port, port);
+        // Once the previous one has drained, every connection reaches the new one (until then
+        // a connection kept alive may still reach the old one, and get its answer).
+        await previous.drained;
+        assert.deepEqual((await call(`${door.url}/health`)).json<{ healthy: string[] }>().healthy.sort(), members.map((m) => m.id).sort());
+      }
+      // The last configuration serves: its nodes get the writes now.
+      const seen = b!.hits('/rpc/');
+      while (b!.hits('/rpc/') < seen + 20) await once(b!, 'request');
+    } finally {
+      running = false;
+      await Promise.all(loops);
+      await pool.close();
+      await door.stop();
+      await Promise.all([a!.stop(), b!.stop()]);
+    }
+    const answered = statuses.get(200) ?? 0;
+    assert.deepEqual([...statuses.keys()], [200], `every request answered 200: ${JSON.stringify([...statuses])}`);
+    // Exactly once: as many writes reached the nodes as were answered.
+    assert.equal(a!.hits('/rpc/board.append') + b!.hits('/rpc/board.append'), answered);
+  });
+
+  it('answers what was in flight from the configuration it began in', async () => {
+    const [slow, fresh] = await startNodes('rl-slow', 'rl-fresh');
+    slow!.behaviour = { kind: 'answer', delayMs: 300, body: 'from the old configuration' };
+    const door = await FrontDoor.start(configOver([slow!], 1));
+    let next: FrontDoor | null = null;
+    try {
+      const pending = rpc(door.url, 'board.append', 'in-flight');
+      await slow!.waitForRequests(1);
+      next = await door.reload(configOver([fresh!], 1));
+      // New requests go to the new configuration while the old one still waits for its node.
+      const now = await rpc(next.url, 'query.execute', 'after');
+      assert.equal(now.headers['x-lakefront-served-by'], 'rl-fresh');
+      const reply = await pending;
+      assert.equal(reply.status, 200);
+      assert.equal(reply.text, 'from the old configuration');
+      assert.equal(reply.headers['x-lakefront-served-by'], 'rl-slow');
+      await door.drained;
+    } finally {
+      await door.stop();
+      await next?.stop();
+      await Promise.all([slow!.stop(), fresh!.stop()]);
+    }
+  });
+
+  it('refuses another port or host, or a configuration that cannot start, and goes on serving', async () => {
+    const [a] = await startNodes('rl-keep');
+    const door = await FrontDoor.start(configOver([a!], 1));
+    try {
+      await assert.rejects(door.reload({ ...configOver([a!], 1), port: door.port === 65535 ? 65534 : door.port + 1 }), /port: a reload keeps port \d+/);
+      await assert.rejects(door.reload({ ...configOver([a!], 1), host: '0.0.0.0' }), /host: a reload keeps the address 127\.0\.0\.1/);
+      await assert.rejects(door.reload(configOver([{ id: 'tls', url: 'https://127.0.0.1:9' } as FakeNode], 1)), /is https, which the built-in upstream client does not speak/);
+      const reply = await rpc(door.url, 'query.execute', 'still');
+      assert.equal(reply.status, 200);
+      assert.equal(reply.headers['x-lakefront-served-by'], 'rl-keep');
+    } finally {
+      await door.stop();
+      await a!.stop();
     }
   });
 });

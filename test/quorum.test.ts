@@ -786,6 +786,40 @@ describe('replicated route: hints saved at a stop', () => {
     }
   });
 
+  it('a reload hands the hints not yet handed over to the front door that takes over, without a hints file', async () => {
+    const nodes = await startNodes('r-a', 'r-b', 'r-c', 'r-d');
+    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const ids = nodes.map((n) => n.id);
+    const config = storeConfig(nodes);
+    const key = '/kv/reloaded';
+    const down = nodes.find((n) => n.id === preference(ids, key)[0])!;
+    try {
+      down.healthy = false;
+      const first = await FrontDoor.start(config);
+      let second: FrontDoor | null = null;
+      try {
+        const put = await call(`${first.url}${key}`, { method: 'PUT', body: 'carried' });
+        assert.equal(put.status, 204);
+        const pending = async (url: string) => (await call(`${url}/stats`)).json<{ quorum: { hints: { pending: number } } }>().quorum.hints.pending;
+        while ((await pending(first.url)) === 0);
+        // The replica is back; the front door that takes over (one thread now) hands it the write.
+        down.healthy = true;
+        second = await first.reload({ ...config, threads: 1 });
+        assert.equal(second.port, first.port, 'the same port');
+        await first.drained;
+        assert.equal(first.hintsLost(), 0, 'handed over, not lost');
+        while (down.hits('/kv/') === 0) await once(down, 'request');
+        assert.equal(down.received[0]!.headers['x-lakefront-version'], put.headers['x-lakefront-version']);
+        assert.equal(down.store.get(key)!.body, 'carried');
+      } finally {
+        await first.stop();
+        await second?.stop();
+      }
+    } finally {
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
   it('sets aside a hints file it cannot read, and starts', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
     try {

@@ -60,8 +60,11 @@ port.on('message', (message: MainMessage) => {
     case 'collect':
       send({ t: 'histograms', id: message.id, encoded: running.collect() });
       break;
+    case 'adopt-hints':
+      running.adoptHints(message.hints);
+      break;
     case 'drain':
-      running.drain().then(({ abandoned, hints }) => {
+      running.drain(message.keepHints).then(({ abandoned, hints }) => {
         send({ t: 'drained', abandoned, hints });
         // Let the message flush before the thread ends; counts made since the drain's own flush
         // (attempts ending as their pools closed) go in too.

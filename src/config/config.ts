@@ -60,7 +60,8 @@ export const DEFAULT_PORT = 8080;
 export type Command =
   | { readonly kind: 'help' }
   | { readonly kind: 'version' }
-  | { readonly kind: 'run'; readonly demo: boolean; readonly config: FrontDoorConfig };
+  /** `configFile`: the `--config` (or LAKEFRONT_CONFIG) file, which SIGHUP re-reads; null: none. */
+  | { readonly kind: 'run'; readonly demo: boolean; readonly config: FrontDoorConfig; readonly configFile: string | null };
 
 /** Parses `id=url,id=url`. */
 export function parseNodes(text: string, source: string): MemberConfig[] {
@@ -248,7 +249,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
       drainTimeoutMs: opt('drain-timeout-ms', 0, 3_600_000),
     }),
   };
-  return { kind: 'run', demo, config };
+  return { kind: 'run', demo, config, configFile: configRaw ? configRaw[0] : null };
 }
 
 export function helpText(): string {

@@ -7,6 +7,7 @@
  * written after the handler returned is written inside `res.cork`.
  */
 import { Buffer } from 'node:buffer';
+import { performance } from 'node:perf_hooks';
 import type { HttpRequest, HttpResponse, TemplatedApp, us_listen_socket } from 'uWebSockets.js';
 import {
   HEDGED_HEADER,
@@ -34,6 +35,9 @@ import { WebSocketTunnels, type TunnelHost } from './websocket.js';
 import { TicketBook } from '../affinity/tickets.js';
 import { ReplicaSet, type ReplicatedCall, type ReplicatedOwner } from '../replication/fanout.js';
 import { ACKS_HEADER, VersionClock } from '../replication/quorum.js';
+
+/** A drain closes the connections once no request has come for this long (see `drain`). */
+const DRAIN_QUIET_MS = 100;
 
 /** A refused body declared up to this size is read and dropped, not cut off (see `proxy`). */
 const LINGER_BYTES = 16 * 1024 * 1024;
@@ -373,6 +377,8 @@ export class WorkerFront implements TunnelHost {
   private unfinished: ProxyRequest | null = null;
   private nextStatsId = 1;
   private drainWaiter: (() => void) | null = null;
+  /** Requests proxied so far (a drain waits until no more come: see `drain`). */
+  private started = 0;
   private readonly rankScratch: Int32Array;
   private readonly agent: H1Agent;
   private readonly tunnels: WebSocketTunnels;
@@ -430,8 +436,11 @@ export class WorkerFront implements TunnelHost {
     this.mount();
   }
 
-  /** Takes the hints an earlier run saved: each to its route and replica, if both still exist. */
-  private adoptHints(saved: readonly SavedHint[]): void {
+  /**
+   * Takes hints an earlier run saved, or a predecessor handed over (a reload): each to its route
+   * and replica, if both still exist.
+   */
+  adoptHints(saved: readonly SavedHint[]): void {
     for (const hint of saved) {
       const route = this.routes.find((r) => r.spec.pattern === hint.route && r.replicas !== null);
       const node = route ? route.runtime.indexOf(hint.node) : -1;
@@ -491,6 +500,7 @@ export class WorkerFront implements TunnelHost {
   /** @internal A new request joins the list of unfinished ones. */
   requestStarted(request: ProxyRequest): void {
     this.active++;
+    this.started++;
     const head = this.unfinished;
     request.next = head;
     if (head !== null) head.prev = request;
@@ -510,35 +520,52 @@ export class WorkerFront implements TunnelHost {
 
   /**
    * Stops accepting, lets in-flight requests finish (up to `drainTimeoutMs`), then closes every
-   * connection and pool. Returns how many requests were still running at the deadline.
+   * connection and pool. Returns how many requests were still running at the deadline, and
+   * (`keepHints`) the pending hints, handed back rather than dropped.
+   *
+   * Answers written before the drain began said nothing of closing, so a client may have its
+   * next request on its way over the same connection: closing then would reset it unanswered.
+   * So the connections close once none is in flight and none has come for DRAIN_QUIET_MS (each
+   * one meanwhile answered with `connection: close`), or at the deadline.
    */
-  async drain(): Promise<{ abandoned: number; hints: SavedHint[] }> {
+  async drain(keepHints: boolean): Promise<{ abandoned: number; hints: SavedHint[] }> {
     this.draining = true;
     this.closeListenSocket();
     // WebSockets are long-lived: they are told the front door is going away (1001) now.
     this.tunnels.closeAll();
-    if (this.active > 0) {
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, this.init.settings.drainTimeoutMs);
-        this.drainWaiter = () => {
-          clearTimeout(timer);
-          resolve();
-        };
-      });
+    const deadline = performance.now() + this.init.settings.drainTimeoutMs;
+    for (;;) {
+      const left = deadline - performance.now();
+      if (left <= 0) break;
+      if (this.active > 0) {
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, left);
+          this.drainWaiter = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+        this.drainWaiter = null;
+        continue;
+      }
+      const seen = this.started;
+      await new Promise<void>((resolve) => setTimeout(resolve, Math.min(DRAIN_QUIET_MS, left)));
+      if (this.started === seen && this.active === 0) break;
     }
     const abandoned = this.active;
-    // The hints still held are saved (a hints file is set) or dropped (and counted).
+    // The hints still held are handed back (a hints file, or a reload's successor, takes them) or
+    // dropped (and counted).
     const hints: SavedHint[] = [];
     for (const route of this.routes) {
       const store = route.replicas?.hints;
       if (!store) continue;
-      if (this.init.saveHints) {
+      if (keepHints) {
         for (const { node, request, expiresAt } of store.export()) {
           const { method, path, headers, body } = request;
           hints.push({ route: route.spec.pattern, node: route.runtime.ids[node]!, method, path, headers, body, expiresAt });
         }
       }
-      store.close(this.init.saveHints);
+      store.close(keepHints);
     }
     // Every request still unanswered gets an answer (503, or 502 for a bare write that may have
     // been applied) before the connections close.

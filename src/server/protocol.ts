@@ -129,8 +129,6 @@ export interface WorkerInit {
   readonly versionSalt: number;
   /** Hints an earlier run saved, for this worker to hand over (replicated routes). */
   readonly hints: readonly SavedHint[];
-  /** Whether a stopping worker's hints are saved (a hints file is configured), not dropped. */
-  readonly saveHints: boolean;
 }
 
 /** A replicated route's hint as it is saved between runs (see `--hints-file`). */
@@ -163,7 +161,10 @@ export type WorkerMessage =
 export type MainMessage =
   | { readonly t: 'stats-reply'; readonly id: number; readonly body: string }
   | { readonly t: 'collect'; readonly id: number }
-  | { readonly t: 'drain' }
+  /** Stop accepting and finish; `keepHints`: hand the pending hints over (`drained`), not drop them. */
+  | { readonly t: 'drain'; readonly keepHints: boolean }
+  /** Hints a predecessor handed over (a reload): this worker delivers them now. */
+  | { readonly t: 'adopt-hints'; readonly hints: readonly SavedHint[] }
   /** Close every socket now (in-flight requests are cut) and end the thread. */
   | { readonly t: 'close-now' }
   /** Fault injection: throw an uncaught exception in the worker (tests, chaos drills). */

@@ -119,6 +119,10 @@ export class FrontDoor extends EventEmitter {
   private hintsWritten = false;
   /** How many hints the last stop saved to the hints file. */
   hintsSaved = 0;
+  /** Started by `reload`: binds the port its predecessor's workers hold (SO_REUSEPORT). */
+  private inheritsPort = false;
+  /** Draining into a successor (`reload`): the hints go to it, not to the hints file. */
+  private handingOver = false;
   private readonly mainSlot: CounterSlot;
 
   private constructor(config: FrontDoorConfig) {
@@ -198,19 +202,74 @@ export class FrontDoor extends EventEmitter {
   /** Probes membership once, starts health polling and the workers; resolves once all listen. */
   static async start(config: FrontDoorConfig): Promise<FrontDoor> {
     const door = new FrontDoor(config);
-    if (config.hintsFile) door.takeHints(config.hintsFile);
-    await Promise.all([...door.memberships.map((m) => m.probeOnce()), ...door.leaderProbes.map((p) => p?.probeOnce())]);
+    await door.begin();
+    return door;
+  }
+
+  private async begin(): Promise<void> {
+    const config = this.config;
+    if (config.hintsFile) this.takeHints(config.hintsFile);
+    await Promise.all([...this.memberships.map((m) => m.probeOnce()), ...this.leaderProbes.map((p) => p?.probeOnce())]);
     try {
-      await door.spawnAll();
+      await this.spawnAll();
     } catch (err) {
-      await door.stop();
+      await this.stop();
       throw err;
     }
     // The hints are the first worker's now (and saved again at the next stop).
     if (config.hintsFile) rmSync(config.hintsFile, { force: true });
-    for (const membership of door.memberships) membership.start();
-    for (const probe of door.leaderProbes) probe?.start();
-    return door;
+    for (const membership of this.memberships) membership.start();
+    for (const probe of this.leaderProbes) probe?.start();
+  }
+
+  /**
+   * Replaces this front door with one running `config`, on the same address, without closing the
+   * port (as nginx's reload): the new one probes its members and starts its workers beside this
+   * one's (both bind the port with SO_REUSEPORT); once they all listen, this one drains (stops
+   * accepting, finishes what it has in flight, closes its connections and WebSocket tunnels with
+   * 1001) and its replicated routes' pending hints go to the new one. Resolves with the new
+   * front door once it serves; the drain goes on behind it (`drained`, and `'error'` on this one
+   * if it fails).
+   *
+   * Rejects, changing nothing, if `config` is unusable: another host or port (0 keeps the port),
+   * a configuration error, or workers that cannot start.
+   */
+  async reload(config: FrontDoorConfig): Promise<FrontDoor> {
+    if (this.stopping !== null) throw new Error('the front door is stopping');
+    if (config.host !== this.host) throw new ConfigError(`host: a reload keeps the address ${this.host}, got ${config.host} (restart to move it)`);
+    if (config.port !== 0 && config.port !== this.port) throw new ConfigError(`port: a reload keeps port ${this.port}, got ${config.port} (restart to move it)`);
+    const next = new FrontDoor({ ...config, port: this.port });
+    next.inheritsPort = true;
+    await next.begin();
+    this.handingOver = true;
+    this.drained = this.stop().then(
+      () => next.adoptHints(this.stoppedHints),
+      (err: Error) => {
+        next.adoptHints(this.stoppedHints);
+        this.emit('error', err);
+      },
+    );
+    return next;
+  }
+
+  /** After `reload`: settles once this front door has drained into its successor. */
+  drained: Promise<void> = Promise.resolve();
+
+  /**
+   * Hints a predecessor's workers handed over (`reload`): those for routes and replicas this
+   * configuration still has, and not expired, are shared out among the workers; the rest are
+   * counted (lost, or expired).
+   */
+  private adoptHints(hints: readonly SavedHint[]): void {
+    const shares = this.shareHints(hints, 'the previous configuration');
+    for (const [slot, share] of shares) {
+      const handle = this.workers.get(slot);
+      if (handle && handle.worker.threadId >= 0) this.post(handle.worker, { t: 'adopt-hints', hints: share });
+      else {
+        // Not started yet (or being replaced): it takes them when it starts.
+        (this.hintsFor.get(slot) ?? this.hintsFor.set(slot, []).get(slot)!).push(...share);
+      }
+    }
   }
 
   get url(): string {
@@ -266,11 +325,22 @@ export class FrontDoor extends EventEmitter {
     } catch {
       throw new ConfigError(`hints file ${file}: its directory is not writable (a stop could not save the hints there)`);
     }
+    for (const [slot, share] of this.shareHints(loadHints(file), `hints file ${file}`)) {
+      (this.hintsFor.get(slot) ?? this.hintsFor.set(slot, []).get(slot)!).push(...share);
+    }
+  }
+
+  /**
+   * Keeps the hints for routes and replicas that still exist and have not expired (the rest are
+   * counted, and said), and deals them out among the worker slots, soonest to expire first (each
+   * worker's queues stay in order of expiry).
+   */
+  private shareHints(hints: readonly SavedHint[], source: string): Map<number, SavedHint[]> {
     const now = Date.now();
     let dropped = 0;
     let slot = 0;
-    // Soonest to expire first: each worker's queues stay in order of expiry.
-    for (const hint of loadHints(file).sort((a, b) => a.expiresAt - b.expiresAt)) {
+    const shares = new Map<number, SavedHint[]>();
+    for (const hint of [...hints].sort((a, b) => a.expiresAt - b.expiresAt)) {
       const route = this.routes.find((r) => r.pattern === hint.route && r.quorum !== null);
       const known = route !== undefined && this.clusters[route.cluster]!.nodes.some((g) => this.nodes[g]!.id === hint.node);
       if (!known) {
@@ -283,15 +353,17 @@ export class FrontDoor extends EventEmitter {
         continue;
       }
       const target = (slot++ % this.threads) + 1;
-      (this.hintsFor.get(target) ?? this.hintsFor.set(target, []).get(target)!).push(hint);
+      (shares.get(target) ?? shares.set(target, []).get(target)!).push(hint);
     }
-    if (dropped > 0) process.stderr.write(`lakefront: hints file ${file}: ${dropped} hint(s) for routes or replicas no longer configured were dropped\n`);
+    if (dropped > 0) process.stderr.write(`lakefront: ${source}: ${dropped} hint(s) for routes or replicas no longer configured were dropped\n`);
+    return shares;
   }
 
   /** Saves what the workers handed over, and what workers that never listened still hold. */
   private writeHints(): void {
     const file = this.config.hintsFile;
-    if (!file) return;
+    // Handing over to a successor: it has them (and saves them at its own stop).
+    if (!file || this.handingOver) return;
     const hints = [...[...this.hintsFor.values()].flat(), ...this.stoppedHints];
     this.hintsWritten = true;
     try {
@@ -391,7 +463,7 @@ export class FrontDoor extends EventEmitter {
             clearTimeout(grace);
             resolve();
           });
-          this.post(worker, { t: 'drain' });
+          this.post(worker, { t: 'drain', keepHints: Boolean(this.config.hintsFile) || this.handingOver });
         }),
     );
     await Promise.all(exits);
@@ -435,7 +507,8 @@ export class FrontDoor extends EventEmitter {
       // A plain bind first, for a fixed port too: uWS binds with SO_REUSEPORT, so a second
       // Lakefront on the same port would otherwise start and take half of the first one's
       // connections. (A crashed worker's replacement skips this: its siblings hold the port.)
-      port = await bindOnce(this.host, pickPort ? 0 : port);
+      // A successor (`reload`) binds beside its predecessor's workers, which hold the port.
+      if (!this.inheritsPort) port = await bindOnce(this.host, pickPort ? 0 : port);
       try {
         this.port = port;
         await this.spawn(1);
@@ -462,7 +535,6 @@ export class FrontDoor extends EventEmitter {
       region: this.config.region ?? null,
       versionSalt: this.versionSalt,
       hints: this.hintsFor.get(slot) ?? [],
-      saveHints: Boolean(this.config.hintsFile),
     };
     const worker = new Worker(WORKER_URL, { workerData: init, stderr: false, stdout: false });
     const previous = this.workers.get(slot);
