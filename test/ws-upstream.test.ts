@@ -163,7 +163,15 @@ class Recorder implements WsUpstreamHandler {
   }
 }
 
-function client(origin: string, options: { headers?: Record<string, string>; timeoutMs?: number; maxPayload?: number; maxRefusalBytes?: number } = {}): { socket: WsUpstream; events: Recorder } {
+interface ClientOptions {
+  headers?: Record<string, string>;
+  timeoutMs?: number;
+  maxPayload?: number;
+  maxRefusalBytes?: number;
+  passOver?: (status: number) => boolean;
+}
+
+function client(origin: string, options: ClientOptions = {}): { socket: WsUpstream; events: Recorder } {
   const events = new Recorder();
   const socket = new WsUpstream(
     {
@@ -173,6 +181,9 @@ function client(origin: string, options: { headers?: Record<string, string>; tim
       handshakeTimeoutMs: options.timeoutMs ?? 5_000,
       maxPayload: options.maxPayload ?? 1024 * 1024,
       maxRefusalBytes: options.maxRefusalBytes ?? 64 * 1024,
+      ...(options.passOver ? { passOver: options.passOver } : {}),
+      // Long: a test that waited for it instead of an event would time out, not pass.
+      closeWaitMs: 600_000,
     },
     events,
   );
@@ -235,6 +246,24 @@ describe('the tunnels\' WebSocket client: handshake', () => {
     }
   });
 
+  it('fails at the status line a status it passes over (its body unread), and a refusal whose connection was reset mid-body', async () => {
+    // 4 of 100 bytes of the body, and nothing more: the attempt fails at the head, not at the timeout.
+    const busy = await node((socket) => socket.write('HTTP/1.1 503 Service Unavailable\r\nContent-Length: 100\r\n\r\nbusy'));
+    const passed = client(busy, { timeoutMs: 600_000, passOver: (status) => status === 503 });
+    await passed.events.until(() => passed.events.failed !== null || passed.events.refused !== null);
+    assert.equal(passed.events.failed, 'the node answered 503');
+    // A body framed by the connection's end, cut by a reset: not a whole answer to relay.
+    // The reset follows once the bytes have had time to be read (no event says they were; read
+    // or not, the attempt must fail).
+    const cut = await node((socket) => {
+      socket.write('HTTP/1.1 400 Bad Request\r\n\r\npart of the bo', () => setTimeout(() => socket.resetAndDestroy(), 50));
+    });
+    const reset = client(cut);
+    await reset.events.until(() => reset.events.failed !== null || reset.events.refused !== null);
+    assert.equal(reset.events.refused, null);
+    assert.equal(reset.events.failed, 'ECONNRESET');
+  });
+
   it('fails a node that does not answer in time, and one that refuses the connection', async () => {
     const silent = await node(() => {});
     const slow = client(silent, { timeoutMs: 100 });
@@ -283,6 +312,45 @@ describe('the tunnels\' WebSocket client: frames', () => {
     const [pong] = await reader!.wait(1);
     assert.deepEqual([pong!.opcode, pong!.masked, pong!.payload.toString()], [0xa, true, 'are you there']);
     socket.terminate();
+  });
+
+  it('lets go of the room a large message needed once it has passed', async () => {
+    let node: Socket | null = null;
+    const { socket, events } = await open((s) => {
+      node = s;
+      const big = frame(2, Buffer.alloc(300_000, 1));
+      s.write(big.subarray(0, 1000));
+      setImmediate(() => s.write(big.subarray(1000)));
+    });
+    await events.until(() => events.messages.length === 1);
+    assert.equal(events.messages[0]!.data.length, 300_000);
+    assert.ok(socket.heldBytes <= 64 * 1024, `${socket.heldBytes} bytes held after the message`);
+    node!.write(frame(1, 'small'));
+    await events.until(() => events.messages.length === 2);
+    socket.terminate();
+  });
+
+  it('reads the node\'s FIN after its close frame even when a message just before it paused the socket', async () => {
+    let nodeSocket: Socket | null = null;
+    const { socket } = await open((s) => (nodeSocket = s));
+    // As a tunnel does when its client falls behind: a message pauses the node's socket.
+    const events = new (class extends Recorder {
+      override onMessage(data: Buffer, isBinary: boolean): void {
+        super.onMessage(data, isBinary);
+        socket.pause();
+      }
+    })();
+    socket.setHandler(events);
+    const ended = once(nodeSocket!, 'end');
+    nodeSocket!.write(Buffer.concat([frame(1, 'last'), frame(8, Buffer.of(0x03, 0xe8))]));
+    await events.until(() => events.closed !== null);
+    assert.deepEqual(events.closed, { code: 1000, reason: '', violation: false });
+    // Our answering close frame and FIN came; the node ends its side, and that is read at once
+    // (not at the close wait, 10 minutes here).
+    await ended;
+    nodeSocket!.end();
+    while (socket.state !== 3) await new Promise<void>((resolve) => setImmediate(resolve));
+    assert.equal(events.messages[0]!.data.toString(), 'last');
   });
 
   it('sends masked frames of every length class, text and binary', async () => {

@@ -21,7 +21,7 @@
  * - Frames to the node: masked with keys from a per-thread pool of random bytes (refilled from
  *   the CSPRNG), never fragmented.
  * - Close: the node's close frame is answered with its code and the connection ended; a close we
- *   start waits up to CLOSE_WAIT_MS for the node's answer. `onClose` is called once: with the
+ *   start waits up to `closeWaitMs` (5 s) for the node's answer. `onClose` is called once: with the
  *   node's code (1005 for none), 1006 for a connection cut without one, or the violation's code.
  */
 import { Buffer, isUtf8 } from 'node:buffer';
@@ -60,6 +60,13 @@ export interface WsUpstreamOptions {
   readonly maxPayload: number;
   /** Largest refusal body handed over. */
   readonly maxRefusalBytes: number;
+  /**
+   * Statuses that fail the attempt as soon as the head is read (`onFailed`), its body unread:
+   * the next node is tried at once rather than after a slow body.
+   */
+  readonly passOver?: (status: number) => boolean;
+  /** How long a close this side started (or answered) waits for the node. Default 5000. */
+  readonly closeWaitMs?: number;
 }
 
 /** `node:tls`, loaded at the first `wss:` node: a worker that never needs it does not carry it. */
@@ -71,8 +78,9 @@ const OPEN = 1;
 const CLOSING = 2;
 const CLOSED = 3;
 
-/** How long a close this side started (or answered) waits for the node before cutting. */
-const CLOSE_WAIT_MS = 5_000;
+/** A partial-frame buffer larger than this is let go once emptied (it grew for a large message). */
+const KEPT_REST_BYTES = 64 * 1024;
+const DEFAULT_CLOSE_WAIT_MS = 5_000;
 const MAX_HEAD_BYTES = 16 * 1024;
 const GUID = '258EAFA5-E914-47DA-95CA-C5AB0DC85B11';
 const EMPTY = Buffer.alloc(0);
@@ -111,6 +119,8 @@ export class WsUpstream {
   state = CONNECTING;
   isPaused = false;
   private readonly socket: Socket;
+  /** A `wss:` node: TLS takes a write's bytes at once but says so later (see `frame`). */
+  private readonly secure: boolean;
   private readonly key: string;
   private readonly offered: ReadonlySet<string>;
   private timer: NodeJS.Timeout | null;
@@ -141,7 +151,7 @@ export class WsUpstream {
     private handler: WsUpstreamHandler,
   ) {
     const url = new URL(options.origin);
-    const secure = url.protocol === 'wss:';
+    const secure = (this.secure = url.protocol === 'wss:');
     const host = url.hostname.replace(/^\[|\]$/g, '');
     const port = Number(url.port || (secure ? 443 : 80));
     this.key = randomBytes(16).toString('base64');
@@ -168,14 +178,19 @@ export class WsUpstream {
       });
       this.socket.once('connect', () => this.sendHandshake(url.host));
     }
-    this.socket.setNoDelay(true);
-    this.socket.on('error', (err: NodeJS.ErrnoException) => this.socketGone(err.code ?? err.message));
-    this.socket.on('close', () => this.socketGone('the node closed the connection'));
+    if (secure) this.socket.setNoDelay(true);
+    // An error comes before the close: only a clean close completes a body framed by it.
+    this.socket.on('error', (err: NodeJS.ErrnoException) => this.socketGone(err.code ?? err.message, false));
+    this.socket.on('close', (hadError: boolean) => this.socketGone('the node closed the connection', !hadError));
     this.timer = setTimeout(() => {
       this.timer = null;
-      if (this.state === CONNECTING) this.fail(`no handshake answer within ${options.handshakeTimeoutMs} ms`);
-      else this.socket.destroy();
+      this.fail(`no handshake answer within ${options.handshakeTimeoutMs} ms`);
     }, options.handshakeTimeoutMs);
+  }
+
+  /** Room held for a partial frame between reads (let go once a large one has passed). */
+  get heldBytes(): number {
+    return this.rest.length;
   }
 
   /** Bytes written but not yet taken by the kernel. */
@@ -249,6 +264,11 @@ export class WsUpstream {
     }
     this.rest.copyWithin(0, used, this.restLength);
     this.restLength -= used;
+    // A buffer grown for a large message is not kept for the tunnel's life.
+    if (this.restLength === 0 && this.rest.length > KEPT_REST_BYTES) {
+      this.rest = EMPTY;
+      this.wanted = 0;
+    }
   }
 
   /** Appends buf[from, to) to the unparsed bytes. */
@@ -285,9 +305,9 @@ export class WsUpstream {
     // Searched in a view: the read buffer holds older bytes past `end`.
     const found = buf.subarray(start, end).indexOf('\r\n\r\n', 0, 'latin1');
     const stop = found < 0 ? -1 : start + found;
-    if (stop < 0) {
+    if (stop < 0 || stop - start > MAX_HEAD_BYTES) {
       if (end - start > MAX_HEAD_BYTES) this.fail('the handshake answer head is too large');
-      return start;
+      return stop < 0 ? start : end;
     }
     const lines = buf.toString('latin1', start, stop).split('\r\n');
     const status = /^HTTP\/1\.[01] (\d{3})(?: |$)/.exec(lines[0]!);
@@ -338,6 +358,10 @@ export class WsUpstream {
     }
     // Interim answers (100, 102, 103) come before the final one.
     if (code >= 100 && code < 200) return after;
+    if (this.options.passOver?.(code) === true) {
+      this.fail(`the node answered ${code}`);
+      return end;
+    }
     this.refusalStatus = code;
     this.refusalHeaders = headers;
     const length = byName.get('content-length');
@@ -512,6 +536,8 @@ export class WsUpstream {
     if (!this.closeSent) this.sendClose(code === 1005 ? undefined : code, undefined);
     this.state = CLOSING;
     this.done = true;
+    // Read on (paused, the client being behind): the node's FIN ends the socket, not the timer.
+    this.resume();
     this.socket.end();
     this.armCloseWait();
     this.report(code, reason, false);
@@ -524,6 +550,7 @@ export class WsUpstream {
     if (!this.closeSent && this.state === OPEN) this.sendClose(code, undefined);
     this.state = CLOSING;
     this.done = true;
+    this.resume();
     this.socket.end();
     this.armCloseWait();
     this.report(code, EMPTY, true);
@@ -554,7 +581,8 @@ export class WsUpstream {
     masks ??= Buffer.allocUnsafeSlow(MASK_BYTES);
     // The per-thread buffer when the socket holds nothing (it keeps a view of what the kernel did
     // not take: the buffer is then handed over and a fresh one made), else a buffer of its own.
-    const scratch = total <= WRITE_SCRATCH_BYTES && socket.writableLength === 0;
+    // Not for TLS: it reports every write done only later, so the buffer would never be reused.
+    const scratch = !this.secure && total <= WRITE_SCRATCH_BYTES && socket.writableLength === 0;
     const out = scratch ? writeScratch.buf : Buffer.allocUnsafe(total);
     out[0] = 0x80 | opcode;
     if (length < 126) out[1] = 0x80 | length;
@@ -595,7 +623,7 @@ export class WsUpstream {
     this.timer = setTimeout(() => {
       this.timer = null;
       this.socket.destroy();
-    }, CLOSE_WAIT_MS);
+    }, this.options.closeWaitMs ?? DEFAULT_CLOSE_WAIT_MS);
   }
 
   private clearTimer(): void {
@@ -613,11 +641,11 @@ export class WsUpstream {
     this.handler.onFailed(reason);
   }
 
-  /** The connection errored or closed. */
-  private socketGone(reason: string): void {
+  /** The connection errored, or closed (`clean`: without an error). */
+  private socketGone(reason: string, clean: boolean): void {
     if (this.state === CONNECTING) {
-      // A refusal framed by the connection's end is complete now.
-      if (this.refusal === Refusal.UntilClose) this.refused();
+      // A refusal framed by the connection's end is complete at a clean close, not at a reset.
+      if (this.refusal === Refusal.UntilClose && clean) this.refused();
       else this.fail(reason);
       return;
     }

@@ -6,8 +6,8 @@
  *   times out, answers 502/503/504 or picks a subprotocol nobody offered is passed over (a
  *   handshake is a GET, safe to repeat); 502 when every node was. Any other answer that is not
  *   a 101 is relayed to the client as it is.
- * - The node gets the path as the client sent it; a path with a dot segment is refused (400):
- *   `ws` would resolve it, and the node would get another path than the one routed.
+ * - The node gets the path as the client sent it; a path with a dot segment is refused (400): a
+ *   node that resolves it would serve another path than the one routed (and classified).
  * - The client is upgraded only once the node has accepted, with the subprotocol the node chose
  *   (none when it chose none). No compression on either side.
  * - Messages are relayed in order, text as text and binary as binary, up to `maxBodyBytes` each.
@@ -184,8 +184,8 @@ export class WebSocketTunnels {
       host.refuse(res, 400, errorBody(`${keyHeader} longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), false);
       return;
     }
-    // The upstream client would resolve dot segments: the node would get another path than the
-    // one routed (and classified).
+    // A node that resolves dot segments would serve another path than the one routed (and
+    // classified), as for plain requests on routes with operation rules.
     if (hasDotSegment(url)) {
       host.refuse(res, 400, errorBody('a WebSocket path with a dot segment (. or ..) is not routed', ErrorCodes.BAD_REQUEST), false);
       return;
@@ -250,11 +250,6 @@ export class WebSocketTunnels {
       const handshake: WsUpstreamHandler = {
         onFailed: failed,
         onRefused: (status, fields, body) => {
-          // A node that cannot serve now: the next one may.
-          if (isGatewayFailure(status)) {
-            failed();
-            return;
-          }
           current = null;
           if (aborted) return;
           this.pending.delete(shutDown);
@@ -282,7 +277,8 @@ export class WebSocketTunnels {
       };
       // The node's origin and the path as the client sent it (no URL resolution).
       const upstream = new WsUpstream(
-        { origin: this.origins[g]!, path, headers, handshakeTimeoutMs: host.handshakeTimeoutMs, maxPayload: host.maxMessageBytes, maxRefusalBytes: MAX_RELAYED_BODY },
+        // A node that cannot serve now (502, 503, 504) is passed over at its status line.
+        { origin: this.origins[g]!, path, headers, handshakeTimeoutMs: host.handshakeTimeoutMs, maxPayload: host.maxMessageBytes, maxRefusalBytes: MAX_RELAYED_BODY, passOver: isGatewayFailure },
         handshake,
       );
       current = upstream;
@@ -313,6 +309,7 @@ export class WebSocketTunnels {
       onRefused: () => {},
       onFailed: () => {},
       onMessage: (data, isBinary) => {
+        if (tunnel.clientClosed) return;
         // `data` may view the read buffer: a message kept for later is copied.
         if (tunnel.client === null) (tunnel.early ??= []).push([Buffer.from(data), isBinary]);
         else this.toClient(tunnel, data, isBinary);
@@ -386,7 +383,7 @@ export class WebSocketTunnels {
     this.forget(tunnel);
     const upstream = tunnel.upstream;
     // Paused (the client was behind), the node's answering close frame would never be read
-    // and `ws` would hold the connection for its 30 s close timeout.
+    // and the connection would wait out the client's close wait.
     if (upstream.isPaused) upstream.resume();
     if (upstream.state !== OPEN || code === 1006) upstream.terminate();
     else if (sendable(code)) upstream.close(code, reason);
