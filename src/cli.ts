@@ -19,6 +19,15 @@ const SIGNAL_WAIT_MS = 2_000;
 /** How long a second signal waits for the worker threads to close their sockets and end. */
 const CLOSE_NOW_MS = 1_000;
 
+/** A kernel setting under /proc/sys, trimmed; null where it cannot be read. */
+function readSysctl(path: string): string | null {
+  try {
+    return readFileSync(`/proc/sys/${path}`, 'utf8').trim();
+  } catch {
+    return null;
+  }
+}
+
 function fail(message: string, code: number): never {
   process.stderr.write(`lakefront: ${message}\n`);
   process.exit(code);
@@ -93,6 +102,7 @@ async function main(): Promise<void> {
   const draining = new Set<FrontDoor>();
   let reloading: Promise<void> | null = null;
   let reloadAgain = false;
+  let migrateWarned = false;
   const configFile = command.configFile;
 
   /**
@@ -130,10 +140,18 @@ async function main(): Promise<void> {
       watch(successor);
       draining.add(previous);
       process.stdout.write(`lakefront: SIGHUP: reloaded ${configFile}: serving on ${successor.url} with ${successor.threads} worker thread(s) over ${over(next)}; the previous configuration drains\n`);
-      void previous.drained.then(() => {
-        draining.delete(previous);
-        process.stdout.write('lakefront: the previous configuration has drained\n');
-      });
+      if (!migrateWarned && readSysctl('net/ipv4/tcp_migrate_req') === '0') {
+        migrateWarned = true;
+        process.stderr.write('lakefront: net.ipv4.tcp_migrate_req is 0: a connection not yet accepted by the old workers when they stop listening is reset; `sysctl -w net.ipv4.tcp_migrate_req=1` (Linux 5.14+) hands such connections to the new ones\n');
+      }
+      previous.drained.then(
+        () => {
+          draining.delete(previous);
+          process.stdout.write('lakefront: the previous configuration has drained\n');
+        },
+        // A worker stuck in JavaScript: it stays in `draining`, and a stop ends by the signal.
+        (err: Error) => process.stderr.write(`lakefront: the previous configuration: ${err.message}\n`),
+      );
     })().finally(() => {
       reloading = null;
       if (reloadAgain && signals === 0) {
@@ -166,7 +184,8 @@ async function main(): Promise<void> {
       .then(() => Promise.all([door.stop(), ...[...draining].map((d) => d.drained)]))
       .then(() => {
         // Not silently: what the drain dropped of the replicated routes' hinted handoff.
-        const lost = door.hintsLost();
+        // Those for routes or nodes no longer configured were said when they were dropped.
+        const lost = door.hintsLost() - door.unconfiguredHints;
         if (lost > 0) process.stderr.write(`lakefront: ${lost} hint(s) for replicas that were down were dropped at shutdown; read repair converges those keys when they are read\n`);
         if (door.hintsSaved > 0) process.stdout.write(`lakefront: ${door.hintsSaved} hint(s) for replicas that were down saved to ${config.hintsFile} for the next start\n`);
       })

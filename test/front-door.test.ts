@@ -796,6 +796,51 @@ describe('front door: reload', () => {
     }
   });
 
+  it('says connection: close on every answer of a draining front door (HEAD, /stats, /route refusals), so keep-alive clients move on', async () => {
+    const [slow, fresh] = await startNodes('rl-hold', 'rl-next');
+    slow!.behaviour = { kind: 'answer', delayMs: 300 };
+    const door = await FrontDoor.start(configOver([slow!], 1));
+    /** A keep-alive connection the old workers accepted (one answer on it), to ask one thing later. */
+    const kept = async (): Promise<{ ask: (request: string) => Promise<string>; close: () => void }> => {
+      const socket = connect(door.port, '127.0.0.1');
+      await once(socket, 'connect');
+      let text = '';
+      socket.on('data', (chunk: Buffer) => (text += chunk.toString('latin1')));
+      const ask = async (request: string): Promise<string> => {
+        const from = text.length;
+        socket.write(request);
+        while (!text.slice(from).includes('\r\n\r\n')) await once(socket, 'data');
+        return text.slice(from, text.indexOf('\r\n\r\n', from));
+      };
+      await ask('GET /health HTTP/1.1\r\nhost: x\r\n\r\n');
+      return { ask, close: () => socket.destroy() };
+    };
+    const connections = await Promise.all([kept(), kept(), kept()]);
+    let next: FrontDoor | null = null;
+    try {
+      // Held by the slow node: the old front door drains until it is answered.
+      const pending = rpc(door.url, 'board.append', 'holding');
+      await slow!.waitForRequests(1);
+      next = await door.reload(configOver([fresh!], 1));
+      const [stats, route, head] = await Promise.all([
+        connections[0]!.ask('GET /stats HTTP/1.1\r\nhost: x\r\n\r\n'),
+        connections[1]!.ask('GET /route HTTP/1.1\r\nhost: x\r\n\r\n'),
+        connections[2]!.ask('HEAD /rpc/node.stats HTTP/1.1\r\nhost: x\r\nx-lakefront-board: draining\r\n\r\n'),
+      ]);
+      assert.match(stats, /^HTTP\/1\.1 200 [^]*\r\nconnection: close/i, stats);
+      assert.match(route, /^HTTP\/1\.1 400 [^]*\r\nconnection: close/i, route);
+      // Answered by the old configuration (its connection), saying it closes.
+      assert.match(head, /^HTTP\/1\.1 200 [^]*x-lakefront-served-by: rl-hold[^]*\r\nconnection: close/i, head);
+      assert.equal((await pending).status, 200);
+      await door.drained;
+    } finally {
+      for (const c of connections) c.close();
+      await door.stop();
+      await next?.stop();
+      await Promise.all([slow!.stop(), fresh!.stop()]);
+    }
+  });
+
   it('refuses another port or host, or a configuration that cannot start, and goes on serving', async () => {
     const [a] = await startNodes('rl-keep');
     const door = await FrontDoor.start(configOver([a!], 1));
@@ -806,6 +851,16 @@ describe('front door: reload', () => {
       const reply = await rpc(door.url, 'query.execute', 'still');
       assert.equal(reply.status, 200);
       assert.equal(reply.headers['x-lakefront-served-by'], 'rl-keep');
+      // One reload at a time; once done, it is the front door that took over that reloads next.
+      const first = door.reload(configOver([a!], 1));
+      await assert.rejects(door.reload(configOver([a!], 1)), /a reload is already under way, or done/);
+      const next = await first;
+      try {
+        await assert.rejects(door.reload(configOver([a!], 1)), /the front door is stopping/);
+        assert.equal((await rpc(next.url, 'query.execute', 'next')).status, 200);
+      } finally {
+        await next.stop();
+      }
     } finally {
       await door.stop();
       await a!.stop();

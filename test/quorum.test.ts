@@ -17,6 +17,7 @@ import { ConfigError } from '../src/errors.js';
 import { defaultSettings } from '../src/server/settings.js';
 import { FrontDoor, loadHints, type FrontDoorConfig } from '../src/server/supervisor.js';
 import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { FakeNode, startNodes } from './fixtures/fake-node.js';
@@ -817,6 +818,40 @@ describe('replicated route: hints saved at a stop', () => {
       }
     } finally {
       await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
+  it('hints still on their way from a draining front door are saved by its successor, stopped before that drain ended', async () => {
+    const nodes = await startNodes('rs-a', 'rs-b', 'rs-c', 'rs-d');
+    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const ids = nodes.map((n) => n.id);
+    const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
+    const hintsFile = join(dir, 'hints.json');
+    const config = storeConfig(nodes, { hintsFile, settings: defaultSettings({ drainTimeoutMs: 300 }) });
+    const key = '/kv/in-transit';
+    const down = nodes.find((n) => n.id === preference(ids, key)[0])!;
+    try {
+      down.healthy = false;
+      const first = await FrontDoor.start(config);
+      assert.equal((await call(`${first.url}${key}`, { method: 'PUT', body: 'kept' })).status, 204);
+      while ((await call(`${first.url}/stats`)).json<{ quorum: { hints: { pending: number } } }>().quorum.hints.pending === 0);
+      // A write whose body never finishes keeps the first front door draining to its deadline.
+      const held = connect(first.port, '127.0.0.1');
+      await once(held, 'connect');
+      held.on('error', () => {});
+      held.write('PUT /kv/held HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nab');
+      while (((await first.stats()) as { requests: number }).requests < 2);
+      const second = await first.reload(config);
+      // Stopped at once: its drain ends first, and waits for the hint coming from the first.
+      await Promise.all([second.stop(), first.drained]);
+      held.destroy();
+      const saved = JSON.parse(readFileSync(hintsFile, 'utf8')) as { hints: { node: string; body: string }[] };
+      assert.deepEqual(saved.hints.map((h) => [h.node, Buffer.from(h.body, 'base64').toString()]), [[down.id, 'kept']]);
+      assert.equal(second.hintsSaved, 1);
+      assert.equal(first.hintsLost() + second.hintsLost(), 0);
+    } finally {
+      await Promise.all(nodes.map((n) => n.stop()));
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 

@@ -68,6 +68,17 @@ function endHead(res: HttpResponse, length: number): void {
   res.writeHeader('content-length', String(length)).endWithoutBody();
 }
 
+/**
+ * Ends a relayed HEAD answer (its content-length already written). While draining it says
+ * `connection: close`, so the client does not send its next request over this connection (uWS
+ * 20.30 cannot end a HEAD answer and close: `endWithoutBody(undefined, true)` leaves it
+ * unfinished); the drain closes the connection with the rest.
+ */
+function endHeadAnswer(res: HttpResponse, closing: boolean): void {
+  if (closing) res.writeHeader('connection', 'close');
+  res.endWithoutBody();
+}
+
 interface BoundRoute {
   readonly spec: RouteSpec;
   readonly runtime: ClusterRuntime;
@@ -265,8 +276,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const own = runtime.answerLines[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
     writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead, tickets === null ? null : tickets.header);
     // uWS writes its own content-length; for HEAD the node's is relayed instead (see relay.ts).
-    // A HEAD answer while draining keeps its connection until the drain closes them all.
-    if (isHead) res.endWithoutBody();
+    if (isHead) endHeadAnswer(res, close);
     else res.end(exchange.body!, close);
   }
 
@@ -285,7 +295,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     res.writeHeader(ACKS_HEADER, `${call.acks}/${call.required}`);
     const isHead = this.method === 'HEAD';
     writeRelayedHeaders(res, call.headers, runtime.answerLines[2 * call.servedBy]!, isHead);
-    if (isHead) res.endWithoutBody();
+    if (isHead) endHeadAnswer(res, close);
     else res.end(call.body!, close);
   }
 
@@ -494,7 +504,7 @@ export class WorkerFront implements TunnelHost {
     const pending = this.pendingStats.get(id);
     if (!pending) return;
     this.pendingStats.delete(id);
-    replyJson(pending.res, 200, body, false, null, pending.head);
+    replyJson(pending.res, 200, body, this.draining, null, pending.head);
   }
 
   /** @internal A new request joins the list of unfinished ones. */
@@ -672,14 +682,14 @@ export class WorkerFront implements TunnelHost {
     const board = req.getQuery('board');
     const clusterName = req.getQuery('cluster');
     if (!board) {
-      replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST), false, null, head);
+      replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST), this.draining, null, head);
       return;
     }
     const pattern = req.getQuery('route');
     const route = pattern ? this.routes.find((r) => r.spec.pattern === pattern) : clusterName ? this.routes.find((r) => r.runtime.name === clusterName) : this.routes[0];
     if (!route) {
       const what = pattern ? `route "${pattern}"` : `cluster "${clusterName}"`;
-      replyJson(res, 404, errorBody(`unknown ${what}`, ErrorCodes.NOT_FOUND), false, null, head);
+      replyJson(res, 404, errorBody(`unknown ${what}`, ErrorCodes.NOT_FOUND), this.draining, null, head);
       return;
     }
     const runtime = route.runtime;

@@ -121,8 +121,19 @@ export class FrontDoor extends EventEmitter {
   hintsSaved = 0;
   /** Started by `reload`: binds the port its predecessor's workers hold (SO_REUSEPORT). */
   private inheritsPort = false;
-  /** Draining into a successor (`reload`): the hints go to it, not to the hints file. */
-  private handingOver = false;
+  /** The front door a `reload` is starting or has started: this one's hints go to it. */
+  private successor: FrontDoor | null = null;
+  /**
+   * Settles once the predecessor (if any) has handed its hints over: a stop saves or passes on
+   * its own hints only after that (see `drainAll`).
+   */
+  private predecessorDone: Promise<void> = Promise.resolve();
+  /** Hints handed over (a reload) or saved (a hints file) for routes or nodes no longer configured. */
+  unconfiguredHints = 0;
+  /** The drain's workers have ended and the hints they handed back are settled (`drainAll`). */
+  private drainDone = false;
+  /** The drain into the successor is over: hints coming later go straight to it. */
+  private handedOver = false;
   private readonly mainSlot: CounterSlot;
 
   private constructor(config: FrontDoorConfig) {
@@ -236,32 +247,72 @@ export class FrontDoor extends EventEmitter {
    */
   async reload(config: FrontDoorConfig): Promise<FrontDoor> {
     if (this.stopping !== null) throw new Error('the front door is stopping');
+    if (this.successor !== null) throw new Error('a reload is already under way, or done: reload the front door that took over');
     if (config.host !== this.host) throw new ConfigError(`host: a reload keeps the address ${this.host}, got ${config.host} (restart to move it)`);
     if (config.port !== 0 && config.port !== this.port) throw new ConfigError(`port: a reload keeps port ${this.port}, got ${config.port} (restart to move it)`);
     const next = new FrontDoor({ ...config, port: this.port });
     next.inheritsPort = true;
-    await next.begin();
-    this.handingOver = true;
-    this.drained = this.stop().then(
-      () => next.adoptHints(this.stoppedHints),
+    // Known from the start: a stop (or closeNow) of this one reaches a successor still starting.
+    this.successor = next;
+    try {
+      await next.begin();
+      // Stopped meanwhile: the successor must not outlive it.
+      if (this.stopping !== null) throw new Error('the front door was stopped during the reload');
+    } catch (err) {
+      this.successor = null;
+      await next.stop().catch(() => undefined);
+      // Stopped during the reload, its workers handed their hints back for the successor: they
+      // are saved (or counted lost) as a stop's are, if the drain got there first.
+      if (this.drainDone) this.writeHints();
+      throw err;
+    }
+    const handover = this.stop().then(
+      () => this.handOver(),
       (err: Error) => {
-        next.adoptHints(this.stoppedHints);
-        this.emit('error', err);
+        this.handOver();
+        throw err;
       },
     );
+    next.predecessorDone = handover.catch(() => undefined);
+    this.drained = handover;
+    // Rejected when a worker is stuck: whoever awaits `drained` hears of it, nobody else must.
+    handover.catch(() => undefined);
     return next;
   }
 
-  /** After `reload`: settles once this front door has drained into its successor. */
+  /**
+   * After `reload`: settles once this front door has drained into its successor; rejects as
+   * `stop()` does (a worker thread stuck in JavaScript, which only the process's end can stop).
+   */
   drained: Promise<void> = Promise.resolve();
 
+  /** Passes every hint this front door still holds to its successor (after a reload's drain). */
+  private handOver(): void {
+    this.handedOver = true;
+    const hints = [...this.stoppedHints, ...[...this.hintsFor.values()].flat()];
+    this.stoppedHints.length = 0;
+    this.hintsFor.clear();
+    this.successor?.takeOver(hints);
+  }
+
   /**
-   * Hints a predecessor's workers handed over (`reload`): those for routes and replicas this
-   * configuration still has, and not expired, are shared out among the workers; the rest are
-   * counted (lost, or expired).
+   * Hints a predecessor handed over (`reload`): those for routes and replicas this configuration
+   * still has, and not expired, go to its workers; the rest are counted (lost, or expired). A
+   * front door already stopping passes them on to its own successor, or saves them with its own
+   * (a hints file), or counts them lost.
    */
-  private adoptHints(hints: readonly SavedHint[]): void {
+  private takeOver(hints: readonly SavedHint[]): void {
     const shares = this.shareHints(hints, 'the previous configuration');
+    if (this.stopping !== null) {
+      const kept = [...shares.values()].flat();
+      if (this.successor !== null) this.successor.takeOver(kept);
+      else if (this.config.hintsFile) {
+        this.stoppedHints.push(...kept);
+        // The file may have been written already: again, with them.
+        if (this.hintsWritten && kept.length > 0) this.writeHints();
+      } else for (let i = 0; i < kept.length; i++) this.mainSlot.bump(C_HINTS_LOST);
+      return;
+    }
     for (const [slot, share] of shares) {
       const handle = this.workers.get(slot);
       if (handle && handle.worker.threadId >= 0) this.post(handle.worker, { t: 'adopt-hints', hints: share });
@@ -345,6 +396,7 @@ export class FrontDoor extends EventEmitter {
       const known = route !== undefined && this.clusters[route.cluster]!.nodes.some((g) => this.nodes[g]!.id === hint.node);
       if (!known) {
         dropped++;
+        this.unconfiguredHints++;
         this.mainSlot.bump(C_HINTS_LOST);
         continue;
       }
@@ -359,12 +411,21 @@ export class FrontDoor extends EventEmitter {
     return shares;
   }
 
-  /** Saves what the workers handed over, and what workers that never listened still hold. */
+  /**
+   * Saves what the workers handed over, and what workers that never listened still hold. Without
+   * a hints file, any handed back (for a reload that then failed) are counted lost.
+   */
   private writeHints(): void {
     const file = this.config.hintsFile;
     // Handing over to a successor: it has them (and saves them at its own stop).
-    if (!file || this.handingOver) return;
+    if (this.successor !== null) return;
     const hints = [...[...this.hintsFor.values()].flat(), ...this.stoppedHints];
+    if (!file) {
+      for (let i = 0; i < hints.length; i++) this.mainSlot.bump(C_HINTS_LOST);
+      this.stoppedHints.length = 0;
+      this.hintsFor.clear();
+      return;
+    }
     this.hintsWritten = true;
     try {
       this.hintsSaved = saveHints(file, hints);
@@ -429,6 +490,8 @@ export class FrontDoor extends EventEmitter {
    * sockets). Starts `stop()` too, if it was not running, for the rest of the shutdown.
    */
   async closeNow(timeoutMs: number): Promise<number[]> {
+    // A successor still starting (a reload under way) goes too: nobody else holds it yet.
+    const starting = this.successor !== null && this.stopping === null ? this.successor.closeNow(timeoutMs) : Promise.resolve([]);
     const alive = this.running();
     // The caller of stop() (if any) sees its outcome; this one only wants the workers gone.
     this.stop().catch(() => undefined);
@@ -442,7 +505,8 @@ export class FrontDoor extends EventEmitter {
     } finally {
       clearTimeout(timer);
     }
-    return alive.filter((h) => h.worker.threadId >= 0).map((h) => h.slot).sort((a, b) => a - b);
+    const stuck = alive.filter((h) => h.worker.threadId >= 0).map((h) => h.slot).sort((a, b) => a - b);
+    return [...stuck, ...(await starting)];
   }
 
   private async drainAll(): Promise<void> {
@@ -463,10 +527,14 @@ export class FrontDoor extends EventEmitter {
             clearTimeout(grace);
             resolve();
           });
-          this.post(worker, { t: 'drain', keepHints: Boolean(this.config.hintsFile) || this.handingOver });
+          this.post(worker, { t: 'drain', keepHints: Boolean(this.config.hintsFile) || this.successor !== null });
         }),
     );
     await Promise.all(exits);
+    // A predecessor still draining into this one hands its hints over first: they are saved (or
+    // passed on) with this one's.
+    await this.predecessorDone;
+    this.drainDone = true;
     this.writeHints();
     // A stuck worker stays listed: it still runs, and holds its sockets.
     for (const [slot, handle] of this.workers) if (handle.worker.threadId < 0) this.workers.delete(slot);
@@ -517,7 +585,11 @@ export class FrontDoor extends EventEmitter {
         if (!pickPort || tries >= 4) throw err;
       }
     }
-    for (let slot = 2; slot <= this.threads; slot++) await this.spawn(slot);
+    for (let slot = 2; slot <= this.threads; slot++) {
+      // Stopped while starting (a reload cut short): no more workers.
+      if (this.stopping !== null) throw new Error('the front door was stopped while starting');
+      await this.spawn(slot);
+    }
   }
 
   private spawn(slot: number): Promise<void> {
@@ -608,9 +680,12 @@ export class FrontDoor extends EventEmitter {
         break;
       }
       case 'drained':
-        this.stoppedHints.push(...message.hints);
-        // Past the drain's deadline the file was written without them: again, with them.
-        if (this.hintsWritten && message.hints.length > 0) this.writeHints();
+        // Past the drain's deadline the hints were handed over (or written) without them: now.
+        if (this.handedOver && this.successor !== null) this.successor.takeOver(message.hints);
+        else {
+          this.stoppedHints.push(...message.hints);
+          if (this.hintsWritten && message.hints.length > 0) this.writeHints();
+        }
         break;
       case 'node-refused': {
         const node = this.nodes[message.node];
