@@ -298,6 +298,15 @@ describe('lakefront command: running', () => {
     assert.doesNotMatch(output, ABORTED);
   });
 
+  it('a reload over a worker stuck in JavaScript takes over, and the old front door\'s drained rejects naming it', async () => {
+    const run = startFixture('stuck-reload.js');
+    assert.deepEqual(await endOf(run), { code: null, signal: 'SIGKILL' }, run.output());
+    const output = run.output();
+    assert.match(output, /^took over: 1$/m);
+    assert.match(output, /^drained rejected: worker thread 1 did not stop within 5100 ms of the drain \(stuck in JavaScript\?\); only the process's end can stop it$/m);
+    assert.doesNotMatch(output, ABORTED);
+  });
+
   it('closeNow closes every worker\'s sockets and ends them, so the process can exit cleanly', async () => {
     const run = startFixture('close-now.js');
     assert.deepEqual(await endOf(run), { code: 0, signal: null }, run.output());

@@ -323,6 +323,11 @@ export class FrontDoor extends EventEmitter {
     }
   }
 
+  /** The configuration it runs (a caller's `reload` may start from it). */
+  get configuration(): FrontDoorConfig {
+    return this.config;
+  }
+
   get url(): string {
     const host = this.host === '0.0.0.0' || this.host === '::' ? '127.0.0.1' : this.host;
     return `http://${host}:${this.port}`;
