@@ -140,9 +140,9 @@ async function main(): Promise<void> {
       watch(successor);
       draining.add(previous);
       process.stdout.write(`lakefront: SIGHUP: reloaded ${configFile}: serving on ${successor.url} with ${successor.threads} worker thread(s) over ${over(next)}; the previous configuration drains\n`);
-      if (!migrateWarned && readSysctl('net/ipv4/tcp_migrate_req') === '0') {
+      if (!migrateWarned && readSysctl('net/ipv4/tcp_migrate_req') !== '1') {
         migrateWarned = true;
-        process.stderr.write('lakefront: net.ipv4.tcp_migrate_req is 0: a connection not yet accepted by the old workers when they stop listening is reset; `sysctl -w net.ipv4.tcp_migrate_req=1` (Linux 5.14+) hands such connections to the new ones\n');
+        process.stderr.write('lakefront: net.ipv4.tcp_migrate_req is not 1: a connection not yet accepted by the old workers when they stop listening is reset; `sysctl -w net.ipv4.tcp_migrate_req=1` (Linux 5.14+) hands such connections to the new ones\n');
       }
       previous.drained.then(
         () => {
@@ -181,7 +181,8 @@ async function main(): Promise<void> {
     // A reload under way finishes first: then the front door serving is the one to drain.
     (reloading ?? Promise.resolve())
       // Once a second signal came, the end is its business (the drain ends as its workers do).
-      .then(() => Promise.all([door.stop(), ...[...draining].map((d) => d.drained)]))
+      // The stop waits for the front doors still draining into this one (their hints come first).
+      .then(() => door.stop())
       .then(() => {
         // Not silently: what the drain dropped of the replicated routes' hinted handoff.
         // Those for routes or nodes no longer configured were said when they were dropped.
@@ -191,7 +192,13 @@ async function main(): Promise<void> {
       })
       .then(() => demo?.close())
       .then(
-        () => signals === 1 && process.exit(0),
+        () => {
+          if (signals !== 1) return;
+          // An earlier configuration's worker stuck in JavaScript still holds its sockets: only
+          // the signal's end is clean then (it was said when its drain failed).
+          if ([...draining].some((d) => d.liveWorkers > 0)) endBy(signal, false);
+          process.exit(0);
+        },
         (err: Error) => {
           process.stderr.write(`lakefront: ${err.message}\n`);
           if (signals === 1) endBy(signal, false);

@@ -810,27 +810,34 @@ describe('front door: reload', () => {
         const from = text.length;
         socket.write(request);
         while (!text.slice(from).includes('\r\n\r\n')) await once(socket, 'data');
-        return text.slice(from, text.indexOf('\r\n\r\n', from));
+        // The head and whatever came with it (a body is written with its head, in one piece).
+        return text.slice(from);
       };
       await ask('GET /health HTTP/1.1\r\nhost: x\r\n\r\n');
       return { ask, close: () => socket.destroy() };
     };
-    const connections = await Promise.all([kept(), kept(), kept()]);
+    const connections = await Promise.all([kept(), kept(), kept(), kept()]);
     let next: FrontDoor | null = null;
     try {
       // Held by the slow node: the old front door drains until it is answered.
       const pending = rpc(door.url, 'board.append', 'holding');
       await slow!.waitForRequests(1);
       next = await door.reload(configOver([fresh!], 1));
-      const [stats, route, head] = await Promise.all([
+      const [stats, route, head, ownHead] = await Promise.all([
         connections[0]!.ask('GET /stats HTTP/1.1\r\nhost: x\r\n\r\n'),
         connections[1]!.ask('GET /route HTTP/1.1\r\nhost: x\r\n\r\n'),
         connections[2]!.ask('HEAD /rpc/node.stats HTTP/1.1\r\nhost: x\r\nx-lakefront-board: draining\r\n\r\n'),
+        connections[3]!.ask('HEAD /health HTTP/1.1\r\nhost: x\r\n\r\n'),
       ]);
+      // A HEAD answer the front door makes itself: its length, no body, and the close.
+      assert.match(ownHead, /^HTTP\/1\.1 200 [^]*\r\nconnection: close/i, ownHead);
+      assert.match(ownHead, /\r\ncontent-length: [1-9]\d*\r\n/i, ownHead);
+      assert.ok(ownHead.endsWith('\r\n\r\n'), `no body after a HEAD answer: ${ownHead}`);
       assert.match(stats, /^HTTP\/1\.1 200 [^]*\r\nconnection: close/i, stats);
       assert.match(route, /^HTTP\/1\.1 400 [^]*\r\nconnection: close/i, route);
       // Answered by the old configuration (its connection), saying it closes.
       assert.match(head, /^HTTP\/1\.1 200 [^]*x-lakefront-served-by: rl-hold[^]*\r\nconnection: close/i, head);
+      assert.ok(head.endsWith('\r\n\r\n'), head);
       assert.equal((await pending).status, 200);
       await door.drained;
     } finally {

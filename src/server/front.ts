@@ -53,26 +53,21 @@ function replyJson(res: HttpResponse, status: number, body: string, close = fals
   res.cork(() => {
     res.writeStatus(statusBytes(status)).writeHeader('content-type', JSON_TYPE);
     if (allow !== null) res.writeHeader('allow', allow);
-    // A connection about to close may carry a body after a HEAD answer: nothing reads past it.
-    if (head && !close) endHead(res, Buffer.byteLength(body));
-    else res.end(body, close);
+    // A HEAD answer never carries the body (a client would take it for a next answer): one that
+    // should close says so, and the client closes (see endHeadAnswer).
+    if (head) {
+      res.writeHeader('content-length', String(Buffer.byteLength(body)));
+      endHeadAnswer(res, close);
+    } else res.end(body, close);
   });
 }
 
 /**
- * Ends a HEAD answer: its content-length written as a header line, and `endWithoutBody()` with no
- * argument (uWS 20.30 leaves an answer given a length there unfinished: see relay.ts). The
- * connection stays open (a draining front door closes it with the rest).
- */
-function endHead(res: HttpResponse, length: number): void {
-  res.writeHeader('content-length', String(length)).endWithoutBody();
-}
-
-/**
- * Ends a relayed HEAD answer (its content-length already written). While draining it says
- * `connection: close`, so the client does not send its next request over this connection (uWS
- * 20.30 cannot end a HEAD answer and close: `endWithoutBody(undefined, true)` leaves it
- * unfinished); the drain closes the connection with the rest.
+ * Ends a HEAD answer, its content-length already written as a header line: `endWithoutBody()`
+ * with no argument (uWS 20.30 leaves an answer given a length there unfinished: see relay.ts).
+ * One that should close the connection says `connection: close`, so the client does not send its
+ * next request over it (uWS 20.30 cannot end a HEAD answer and close: `endWithoutBody(undefined,
+ * true)` leaves it unfinished); a draining front door closes it with the rest.
  */
 function endHeadAnswer(res: HttpResponse, closing: boolean): void {
   if (closing) res.writeHeader('connection', 'close');
@@ -301,8 +296,10 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   /** Ends a failure answer: its JSON body, or for a HEAD request only the body's length. */
   private endJson(body: string, close: boolean): void {
-    if (this.method === 'HEAD' && !close) endHead(this.res, Buffer.byteLength(body));
-    else this.res.end(body, close);
+    if (this.method === 'HEAD') {
+      this.res.writeHeader('content-length', String(Buffer.byteLength(body)));
+      endHeadAnswer(this.res, close);
+    } else this.res.end(body, close);
   }
 
   /** The drain deadline passed with this request unanswered: answer it before connections close. */
@@ -560,7 +557,8 @@ export class WorkerFront implements TunnelHost {
       }
       const seen = this.started;
       await new Promise<void>((resolve) => setTimeout(resolve, Math.min(DRAIN_QUIET_MS, left)));
-      if (this.started === seen && this.active === 0) break;
+      // A /stats request waiting for the control plane gets its answer too (within a second).
+      if (this.started === seen && this.active === 0 && this.pendingStats.size === 0) break;
     }
     const abandoned = this.active;
     // The hints still held are handed back (a hints file, or a reload's successor, takes them) or

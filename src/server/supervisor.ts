@@ -132,6 +132,8 @@ export class FrontDoor extends EventEmitter {
   unconfiguredHints = 0;
   /** The drain's workers have ended and the hints they handed back are settled (`drainAll`). */
   private drainDone = false;
+  /** A reload's successor is starting: not yet serving, nor known to anyone but this one. */
+  private successorStarting = false;
   /** The drain into the successor is over: hints coming later go straight to it. */
   private handedOver = false;
   private readonly mainSlot: CounterSlot;
@@ -223,6 +225,8 @@ export class FrontDoor extends EventEmitter {
     await Promise.all([...this.memberships.map((m) => m.probeOnce()), ...this.leaderProbes.map((p) => p?.probeOnce())]);
     try {
       await this.spawnAll();
+      // Stopped while starting (a reload cut short): nothing more starts.
+      if (this.stopping !== null) throw new Error('the front door was stopped while starting');
     } catch (err) {
       await this.stop();
       throw err;
@@ -252,13 +256,15 @@ export class FrontDoor extends EventEmitter {
     if (config.port !== 0 && config.port !== this.port) throw new ConfigError(`port: a reload keeps port ${this.port}, got ${config.port} (restart to move it)`);
     const next = new FrontDoor({ ...config, port: this.port });
     next.inheritsPort = true;
-    // Known from the start: a stop (or closeNow) of this one reaches a successor still starting.
+    // Known from the start: closeNow on this one reaches a successor still starting.
     this.successor = next;
+    this.successorStarting = true;
     try {
       await next.begin();
       // Stopped meanwhile: the successor must not outlive it.
       if (this.stopping !== null) throw new Error('the front door was stopped during the reload');
     } catch (err) {
+      this.successorStarting = false;
       this.successor = null;
       await next.stop().catch(() => undefined);
       // Stopped during the reload, its workers handed their hints back for the successor: they
@@ -266,6 +272,7 @@ export class FrontDoor extends EventEmitter {
       if (this.drainDone) this.writeHints();
       throw err;
     }
+    this.successorStarting = false;
     const handover = this.stop().then(
       () => this.handOver(),
       (err: Error) => {
@@ -331,6 +338,11 @@ export class FrontDoor extends EventEmitter {
   get url(): string {
     const host = this.host === '0.0.0.0' || this.host === '::' ? '127.0.0.1' : this.host;
     return `http://${host}:${this.port}`;
+  }
+
+  /** Worker threads still running (after a stop: the stuck ones). */
+  get liveWorkers(): number {
+    return this.running().length;
   }
 
   /** Slots of the workers currently running. */
@@ -437,6 +449,9 @@ export class FrontDoor extends EventEmitter {
     } catch (err) {
       this.hintsSaved = 0;
       for (let i = 0; i < hints.length; i++) this.mainSlot.bump(C_HINTS_LOST);
+      // Counted once: a later write does not count (or save) them again.
+      this.stoppedHints.length = 0;
+      this.hintsFor.clear();
       process.stderr.write(`lakefront: hints file ${file}: ${hints.length} hint(s) could not be saved: ${(err as Error).message}\n`);
     }
   }
@@ -496,7 +511,7 @@ export class FrontDoor extends EventEmitter {
    */
   async closeNow(timeoutMs: number): Promise<number[]> {
     // A successor still starting (a reload under way) goes too: nobody else holds it yet.
-    const starting = this.successor !== null && this.stopping === null ? this.successor.closeNow(timeoutMs) : Promise.resolve([]);
+    const starting = this.successor !== null && this.successorStarting ? this.successor.closeNow(timeoutMs) : Promise.resolve([]);
     const alive = this.running();
     // The caller of stop() (if any) sees its outcome; this one only wants the workers gone.
     this.stop().catch(() => undefined);
@@ -572,6 +587,7 @@ export class FrontDoor extends EventEmitter {
   }
 
   private async spawnAll(): Promise<void> {
+    if (this.stopping !== null) throw new Error('the front door was stopped while starting');
     let port = this.config.port;
     const pickPort = port === 0;
     // uWS does not set SO_REUSEPORT when asked for port 0, so a free port is chosen first and
@@ -622,6 +638,8 @@ export class FrontDoor extends EventEmitter {
       worker.on('message', (message: WorkerMessage) => {
         if (message.t === 'listening') {
           listening = true;
+          // Stopped while it started: the drain did not reach it, so it closes now.
+          if (this.stopping !== null) this.post(worker, { t: 'close-now' });
           // Its hints are its own now (saved again at its stop).
           this.hintsFor.delete(slot);
           resolve();
@@ -689,7 +707,7 @@ export class FrontDoor extends EventEmitter {
         if (this.handedOver && this.successor !== null) this.successor.takeOver(message.hints);
         else {
           this.stoppedHints.push(...message.hints);
-          if (this.hintsWritten && message.hints.length > 0) this.writeHints();
+          if (this.drainDone && message.hints.length > 0) this.writeHints();
         }
         break;
       case 'node-refused': {
