@@ -89,8 +89,9 @@ async function main(): Promise<void> {
     fail((err as Error).message, err instanceof ConfigError ? EXIT_CONFIG : 1);
   }
   const watch = (d: FrontDoor): void => {
-    d.on('worker-exit', (slot: number, code: number) => {
-      process.stderr.write(`lakefront: worker ${slot} exited (code ${code}); replacing it\n`);
+    d.on('worker-exit', (slot: number, code: number, hintsLost: number) => {
+      const hints = hintsLost > 0 ? `; ${hintsLost} hint(s) for replicas that were down were lost with it` : '';
+      process.stderr.write(`lakefront: worker ${slot} exited (code ${code})${hints}; replacing it\n`);
     });
     d.on('error', (err: Error) => process.stderr.write(`lakefront: ${err.message}\n`));
   };
@@ -185,8 +186,9 @@ async function main(): Promise<void> {
       .then(() => door.stop())
       .then(() => {
         // Not silently: what the drain dropped of the replicated routes' hinted handoff.
-        // Those for routes or nodes no longer configured were said when they were dropped.
-        const lost = door.hintsLost() - door.unconfiguredHints;
+        // Those for routes or nodes no longer configured, or lost with a worker that died, were
+        // said at the time.
+        const lost = door.hintsLost() - door.unconfiguredHints - door.hintsLostWithWorkers;
         if (lost > 0) process.stderr.write(`lakefront: ${lost} hint(s) for replicas that were down were dropped at shutdown; read repair converges those keys when they are read\n`);
         if (door.hintsSaved > 0) process.stdout.write(`lakefront: ${door.hintsSaved} hint(s) for replicas that were down saved to ${config.hintsFile} for the next start\n`);
       })

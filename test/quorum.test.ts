@@ -855,6 +855,33 @@ describe('replicated route: hints saved at a stop', () => {
     }
   });
 
+  it('counts the hints a crashed worker kept as lost, and /stats no longer shows them pending', async () => {
+    const nodes = await startNodes('rc-a', 'rc-b', 'rc-c', 'rc-d');
+    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const ids = nodes.map((n) => n.id);
+    const key = '/kv/crashed';
+    const down = nodes.find((n) => n.id === preference(ids, key)[0])!;
+    down.healthy = false;
+    const door = await FrontDoor.start(storeConfig(nodes, { threads: 1 }));
+    try {
+      assert.equal((await call(`${door.url}${key}`, { method: 'PUT', body: 'gone' })).status, 204);
+      type Hints = { pending: number; lost: number };
+      const hints = async (): Promise<Hints> => ((await door.stats()) as { quorum: { hints: Hints } }).quorum.hints;
+      while ((await hints()).pending === 0);
+      const exited = once(door, 'worker-exit');
+      const replaced = once(door, 'worker-replaced');
+      door.crashWorker(1);
+      const [, , lost] = (await exited) as [number, number, number];
+      assert.equal(lost, 1);
+      await replaced;
+      assert.deepEqual(await hints(), { ...(await hints()), pending: 0, lost: 1 });
+      assert.equal(door.hintsLostWithWorkers, 1);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
   it('sets aside a hints file it cannot read, and starts', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
     try {

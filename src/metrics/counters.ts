@@ -162,11 +162,13 @@ export class CounterSlot {
   /**
    * Zero the gauges (in-flight attempts, open WebSocket tunnels, hints kept): used when a
    * replacement takes over a dead worker's slot, whose connections and hints died with it.
+   * Returns how many hints it still kept (as far as it had counted them in): lost with it.
    */
-  resetInflight(nodeCount: number): void {
+  resetInflight(nodeCount: number): number {
     for (let n = 0; n < nodeCount; n++) Atomics.store(this.lanes, this.base + SLOT_HEADER + PER_NODE * n + N_INFLIGHT, 0n);
     Atomics.store(this.lanes, this.base + C_WEBSOCKETS, 0n);
-    Atomics.store(this.lanes, this.base + C_HINTS_PENDING, 0n);
+    const hints = Atomics.exchange(this.lanes, this.base + C_HINTS_PENDING, 0n);
+    return hints > 0n ? Number(hints) : 0;
   }
 }
 

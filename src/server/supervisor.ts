@@ -132,6 +132,8 @@ export class FrontDoor extends EventEmitter {
   unconfiguredHints = 0;
   /** The drain's workers have ended and the hints they handed back are settled (`drainAll`). */
   private drainDone = false;
+  /** Hints lost with workers that died (crashed, or cut short) while keeping them. */
+  hintsLostWithWorkers = 0;
   /** A reload's successor is starting: not yet serving, nor known to anyone but this one. */
   private successorStarting = false;
   /** The drain into the successor is over: hints coming later go straight to it. */
@@ -667,10 +669,13 @@ export class FrontDoor extends EventEmitter {
       if (collection.waiting.delete(handle.slot) && collection.waiting.size === 0) collection.done();
     }
     // Attempts it had in flight end with it (a worker cut short by closeNow or a crash cannot
-    // count them down itself).
-    new CounterSlot(this.counters, handle.slot, this.nodes.length).resetInflight(this.nodes.length);
+    // count them down itself), and so do the hints it still kept (a drained one kept none).
+    const lost = new CounterSlot(this.counters, handle.slot, this.nodes.length).resetInflight(this.nodes.length);
+    for (let i = 0; i < lost; i++) this.mainSlot.bump(C_HINTS_LOST);
+    this.mainSlot.flush();
+    this.hintsLostWithWorkers += lost;
     if (this.stopping) return;
-    this.emit('worker-exit', handle.slot, code);
+    this.emit('worker-exit', handle.slot, code, lost);
     if (code === EXIT_CONFIG) return; // it could not start at all: respawning would loop
     const now = Date.now();
     handle.deaths = handle.deaths.filter((t) => now - t < 10_000);
