@@ -409,3 +409,72 @@ describe('WebSocket tunnels with affinity tickets', () => {
     }
   });
 });
+
+describe('WebSocket tunnels through a reload', () => {
+  it('run on through the old workers\' drain, and those still open at its deadline are closed with 1001', async () => {
+    const nodes = await Promise.all(['wr-a', 'wr-b'].map((id) => new WsNode(id).start()));
+    const command = parseCommand(
+      ['--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(','), '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000', '--drain-timeout-ms', '1500'],
+      {},
+    );
+    const config = (command as { config: FrontDoorConfig }).config;
+    const door = await FrontDoor.start(config);
+    let next: FrontDoor | null = null;
+    const kept = connect(door.url, 'stays');
+    const leaving = connect(door.url, 'leaves');
+    try {
+      await Promise.all([opened(kept), opened(leaving)]);
+      next = await door.reload(config);
+      // Both tunnels still carry messages, through the old worker, after the reload.
+      for (const ws of [kept, leaving]) {
+        ws.send('after the reload');
+        assert.match((await nextMessage(ws)).data.toString(), /^wr-[ab]:after the reload$/);
+      }
+      // One closes by itself; the other is still open when the drain's deadline comes.
+      leaving.close(1000);
+      assert.equal((await closed(leaving)).code, 1000);
+      assert.deepEqual(await closed(kept), { code: 1001, reason: 'the front door is shutting down' });
+      await door.drained;
+      // New tunnels reach the new workers.
+      const fresh = connect(next.url, 'fresh');
+      await opened(fresh);
+      fresh.send('new');
+      assert.match((await nextMessage(fresh)).data.toString(), /^wr-[ab]:new$/);
+      fresh.close(1000);
+      await closed(fresh);
+    } finally {
+      kept.terminate();
+      leaving.terminate();
+      await door.stop();
+      await next?.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
+  it('let the old workers finish as soon as their last tunnel closes, before the deadline', async () => {
+    const nodes = await Promise.all(['wq-a'].map((id) => new WsNode(id).start()));
+    const command = parseCommand(['--nodes', `wq-a=${nodes[0]!.url}`, '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000', '--drain-timeout-ms', '600000'], {});
+    const config = (command as { config: FrontDoorConfig }).config;
+    const door = await FrontDoor.start(config);
+    let next: FrontDoor | null = null;
+    const ws = connect(door.url, 'only');
+    try {
+      await opened(ws);
+      next = await door.reload(config);
+      let drained = false;
+      void door.drained.then(() => (drained = true));
+      ws.send('still here');
+      await nextMessage(ws);
+      assert.equal(drained, false, 'the drain waits for the open tunnel');
+      ws.close(1000);
+      await closed(ws);
+      // Ten minutes' deadline: this returns because the tunnel closed.
+      await door.drained;
+    } finally {
+      ws.terminate();
+      await door.stop();
+      await next?.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+});

@@ -64,7 +64,7 @@ port.on('message', (message: MainMessage) => {
       running.adoptHints(message.hints);
       break;
     case 'drain':
-      running.drain(message.keepHints).then(({ abandoned, hints }) => {
+      running.drain(message.keepHints, message.lingerTunnels).then(({ abandoned, hints }) => {
         send({ t: 'drained', abandoned, hints });
         // Let the message flush before the thread ends; counts made since the drain's own flush
         // (attempts ending as their pools closed) go in too.

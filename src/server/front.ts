@@ -514,6 +514,11 @@ export class WorkerFront implements TunnelHost {
     this.unfinished = request;
   }
 
+  /** @internal The last open tunnel closed: a drain waiting for them goes on. */
+  tunnelsClosed(): void {
+    if (this.drainWaiter !== null && this.active === 0) this.drainWaiter();
+  }
+
   /** @internal The request was answered, rejected or abandoned by its client. */
   requestFinished(request: ProxyRequest): void {
     this.active--;
@@ -522,7 +527,7 @@ export class WorkerFront implements TunnelHost {
     else this.unfinished = next;
     if (next !== null) next.prev = prev;
     request.prev = request.next = null;
-    if (this.drainWaiter !== null && this.active === 0) this.drainWaiter();
+    if (this.drainWaiter !== null && this.active === 0 && this.tunnels.size === 0) this.drainWaiter();
   }
 
   /**
@@ -535,16 +540,18 @@ export class WorkerFront implements TunnelHost {
    * So the connections close once none is in flight and none has come for DRAIN_QUIET_MS (each
    * one meanwhile answered with `connection: close`), or at the deadline.
    */
-  async drain(keepHints: boolean): Promise<{ abandoned: number; hints: SavedHint[] }> {
+  async drain(keepHints: boolean, lingerTunnels: boolean): Promise<{ abandoned: number; hints: SavedHint[] }> {
     this.draining = true;
     this.closeListenSocket();
-    // WebSockets are long-lived: they are told the front door is going away (1001) now.
-    this.tunnels.closeAll();
+    // WebSockets are long-lived: at a stop they are told the front door is going away (1001) now;
+    // at a reload they run on until they close or the deadline comes (then 1001).
+    if (lingerTunnels) this.tunnels.closeHandshakes();
+    else this.tunnels.closeAll();
     const deadline = performance.now() + this.init.settings.drainTimeoutMs;
     for (;;) {
       const left = deadline - performance.now();
       if (left <= 0) break;
-      if (this.active > 0) {
+      if (this.active > 0 || this.tunnels.size > 0) {
         await new Promise<void>((resolve) => {
           const timer = setTimeout(resolve, left);
           this.drainWaiter = () => {
@@ -561,6 +568,7 @@ export class WorkerFront implements TunnelHost {
       if (this.started === seen && this.active === 0 && this.pendingStats.size === 0) break;
     }
     const abandoned = this.active;
+    this.tunnels.closeAll();
     // The hints still held are handed back (a hints file, or a reload's successor, takes them) or
     // dropped (and counted).
     const hints: SavedHint[] = [];

@@ -161,8 +161,12 @@ export type WorkerMessage =
 export type MainMessage =
   | { readonly t: 'stats-reply'; readonly id: number; readonly body: string }
   | { readonly t: 'collect'; readonly id: number }
-  /** Stop accepting and finish; `keepHints`: hand the pending hints over (`drained`), not drop them. */
-  | { readonly t: 'drain'; readonly keepHints: boolean }
+  /**
+   * Stop accepting and finish; `keepHints`: hand the pending hints over (`drained`), not drop
+   * them; `lingerTunnels`: WebSocket tunnels run on until they close or the drain's deadline (a
+   * reload), rather than being closed at once.
+   */
+  | { readonly t: 'drain'; readonly keepHints: boolean; readonly lingerTunnels: boolean }
   /** Hints a predecessor handed over (a reload): this worker delivers them now. */
   | { readonly t: 'adopt-hints'; readonly hints: readonly SavedHint[] }
   /** Close every socket now (in-flight requests are cut) and end the thread. */

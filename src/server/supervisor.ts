@@ -549,7 +549,7 @@ export class FrontDoor extends EventEmitter {
             clearTimeout(grace);
             resolve();
           });
-          this.post(worker, { t: 'drain', keepHints: Boolean(this.config.hintsFile) || this.successor !== null });
+          this.post(worker, { t: 'drain', keepHints: Boolean(this.config.hintsFile) || this.successor !== null, lingerTunnels: this.successor !== null });
         }),
     );
     await Promise.all(exits);

@@ -72,6 +72,8 @@ export interface TunnelHost {
   refresh(): void;
   /** Answers a request itself (counted as rejected). */
   refuse(res: HttpResponse, status: number, body: string, close: boolean): void;
+  /** The last open tunnel has closed (a drain waiting for them goes on). */
+  tunnelsClosed(): void;
 }
 
 interface Tunnel {
@@ -123,10 +125,20 @@ export class WebSocketTunnels {
     }
   }
 
-  /** Closes every tunnel: 1001 (going away) to both ends; handshakes in flight get 503. */
-  closeAll(): void {
+  /** Tunnels open now. */
+  get size(): number {
+    return this.open.size;
+  }
+
+  /** Handshakes still waiting for their node are answered 503 (a drain). */
+  closeHandshakes(): void {
     for (const shutDown of [...this.pending]) shutDown();
     this.pending.clear();
+  }
+
+  /** Closes every tunnel: 1001 (going away) to both ends; handshakes in flight get 503. */
+  closeAll(): void {
+    this.closeHandshakes();
     for (const tunnel of [...this.open]) {
       this.closeUpstream(tunnel, 1001, 'the front door is shutting down');
       this.endClient(tunnel, 1001, 'the front door is shutting down');
@@ -391,6 +403,8 @@ export class WebSocketTunnels {
   }
 
   private forget(tunnel: Tunnel): void {
-    if (this.open.delete(tunnel)) this.host.slot.drop(C_WEBSOCKETS);
+    if (!this.open.delete(tunnel)) return;
+    this.host.slot.drop(C_WEBSOCKETS);
+    if (this.open.size === 0) this.host.tunnelsClosed();
   }
 }
