@@ -534,13 +534,7 @@ export class WsUpstream {
       if (!isUtf8(reason)) return this.violate(1007, end);
     }
     if (!this.closeSent) this.sendClose(code === 1005 ? undefined : code, undefined);
-    this.state = CLOSING;
-    this.done = true;
-    // Read on (paused, the client being behind): the node's FIN ends the socket, not the timer.
-    this.resume();
-    this.socket.end();
-    this.armCloseWait();
-    this.report(code, reason, false);
+    this.stopReading(code, reason, false);
     // Nothing after a close frame is read.
     return Math.max(stop, end);
   }
@@ -548,13 +542,19 @@ export class WsUpstream {
   /** The node broke the protocol: close with `code`, tell the handler, read nothing more. */
   private violate(code: number, end: number): number {
     if (!this.closeSent && this.state === OPEN) this.sendClose(code, undefined);
+    this.stopReading(code, EMPTY, true);
+    return end;
+  }
+
+  /** No frame after this one is read: this side's end is sent, and the close reported. */
+  private stopReading(code: number, reason: Buffer, violation: boolean): void {
     this.state = CLOSING;
     this.done = true;
+    // Read on (paused, the client being behind): the node's FIN ends the socket, not the timer.
     this.resume();
     this.socket.end();
     this.armCloseWait();
-    this.report(code, EMPTY, true);
-    return end;
+    this.report(code, reason, violation);
   }
 
   private sendClose(code: number | undefined, reason: string | Buffer | undefined): void {
