@@ -4,13 +4,14 @@
  */
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
+import { readFileSync } from 'node:fs';
 import { connect, createServer, Server } from 'node:net';
 import { after, afterEach, before, describe, it } from 'node:test';
 import { DROPPED_REQUEST_HEADERS } from '../src/contract.js';
 import { route, type RouterServer } from '../src/router/index.js';
 import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
 import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
-import { Pool } from 'undici';
+import { Client, Pool } from 'undici';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 import { call, inTurn, ranking, rawExchange, rpc, type Reply } from './fixtures/http.js';
 
@@ -697,6 +698,15 @@ describe('front door: the drain deadline', () => {
   });
 });
 
+/** A kernel setting under /proc/sys, trimmed; null where it cannot be read. */
+function readSysctl(path: string): string | null {
+  try {
+    return readFileSync(`/proc/sys/${path}`, 'utf8').trim();
+  } catch {
+    return null;
+  }
+}
+
 describe('front door: reload', () => {
   function configOver(members: readonly FakeNode[], threads = 2): FrontDoorConfig {
     return {
@@ -754,7 +764,14 @@ describe('front door: reload', () => {
         // Once the previous one has drained, every connection reaches the new one (until then
         // a connection kept alive may still reach the old one, and get its answer).
         await previous.drained;
-        assert.deepEqual((await call(`${door.url}/health`)).json<{ healthy: string[] }>().healthy.sort(), members.map((m) => m.id).sort());
+        // Over a connection of its own: one kept alive from the last round was closed by the drain.
+        const client = new Client(door.url);
+        try {
+          const health = await client.request({ path: '/health', method: 'GET' });
+          assert.deepEqual(((await health.body.json()) as { healthy: string[] }).healthy.sort(), members.map((m) => m.id).sort());
+        } finally {
+          await client.close();
+        }
       }
       // The last configuration serves: its nodes get the writes now.
       const seen = b!.hits('/rpc/');
@@ -767,8 +784,13 @@ describe('front door: reload', () => {
       await Promise.all([a!.stop(), b!.stop()]);
     }
     const answered = statuses.get(200) ?? 0;
-    assert.deepEqual([...statuses.keys()], [200], `every request answered 200: ${JSON.stringify([...statuses])}`);
-    // Exactly once: as many writes reached the nodes as were answered.
+    // A connection the kernel queued on an old worker's listening socket as it closed is reset,
+    // unless net.ipv4.tcp_migrate_req is 1 (README, reload; clients reconnect as old connections
+    // close): then, and only then, a reset. Nothing else fails.
+    const failed = [...statuses].filter(([outcome]) => outcome !== 200);
+    if (readSysctl('net/ipv4/tcp_migrate_req') === '1') assert.deepEqual(failed, [], `every request answered 200: ${JSON.stringify([...statuses])}`);
+    else assert.ok(failed.every(([outcome, n]) => outcome === 'ECONNRESET' && n <= answered / 1000), `every request answered 200 but for a rare reset: ${JSON.stringify([...statuses])}`);
+    // Exactly once: as many writes reached the nodes as were answered (a reset one never left).
     assert.equal(a!.hits('/rpc/board.append') + b!.hits('/rpc/board.append'), answered);
   });
 
