@@ -477,4 +477,25 @@ describe('WebSocket tunnels through a reload', () => {
       await Promise.all(nodes.map((n) => n.stop()));
     }
   });
+
+  it('are closed at once (1001) when the front door that took over stops', async () => {
+    const nodes = await Promise.all(['ws-stop'].map((id) => new WsNode(id).start()));
+    const command = parseCommand(['--nodes', `ws-stop=${nodes[0]!.url}`, '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000', '--drain-timeout-ms', '600000'], {});
+    const config = (command as { config: FrontDoorConfig }).config;
+    const door = await FrontDoor.start(config);
+    const ws = connect(door.url, 'stopping');
+    try {
+      await opened(ws);
+      const next = await door.reload(config);
+      // A stop does not wait for them (ten minutes' deadline here): they are told at once.
+      const ending = closed(ws);
+      await next.stop();
+      assert.deepEqual(await ending, { code: 1001, reason: 'the front door is shutting down' });
+      await door.drained;
+    } finally {
+      ws.terminate();
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
 });

@@ -60,6 +60,9 @@ port.on('message', (message: MainMessage) => {
     case 'collect':
       send({ t: 'histograms', id: message.id, encoded: running.collect() });
       break;
+    case 'close-tunnels':
+      running.closeTunnels();
+      break;
     case 'adopt-hints':
       running.adoptHints(message.hints);
       break;

@@ -514,6 +514,11 @@ export class WorkerFront implements TunnelHost {
     this.unfinished = request;
   }
 
+  /** Closes every WebSocket tunnel now (1001): a drain letting them run on stops waiting. */
+  closeTunnels(): void {
+    this.tunnels.closeAll();
+  }
+
   /** @internal The last open tunnel closed: a drain waiting for them goes on. */
   tunnelsClosed(): void {
     if (this.drainWaiter !== null && this.active === 0) this.drainWaiter();

@@ -167,6 +167,8 @@ export type MainMessage =
    * reload), rather than being closed at once.
    */
   | { readonly t: 'drain'; readonly keepHints: boolean; readonly lingerTunnels: boolean }
+  /** Close the WebSocket tunnels still running through a reload's drain (1001) now. */
+  | { readonly t: 'close-tunnels' }
   /** Hints a predecessor handed over (a reload): this worker delivers them now. */
   | { readonly t: 'adopt-hints'; readonly hints: readonly SavedHint[] }
   /** Close every socket now (in-flight requests are cut) and end the thread. */

@@ -128,6 +128,8 @@ export class FrontDoor extends EventEmitter {
    * its own hints only after that (see `drainAll`).
    */
   private predecessorDone: Promise<void> = Promise.resolve();
+  /** The front door this one took over from, while it may still be draining. */
+  private predecessor: FrontDoor | null = null;
   /** Hints handed over (a reload) or saved (a hints file) for routes or nodes no longer configured. */
   unconfiguredHints = 0;
   /** The drain's workers have ended and the hints they handed back are settled (`drainAll`). */
@@ -283,6 +285,9 @@ export class FrontDoor extends EventEmitter {
       },
     );
     next.predecessorDone = handover.catch(() => undefined);
+    next.predecessor = this;
+    // Not kept once drained: a chain of reloads does not hold every earlier front door.
+    void next.predecessorDone.then(() => (next.predecessor = null));
     this.drained = handover;
     // Rejected when a worker is stuck: whoever awaits `drained` hears of it, nobody else must.
     handover.catch(() => undefined);
@@ -340,6 +345,11 @@ export class FrontDoor extends EventEmitter {
   get url(): string {
     const host = this.host === '0.0.0.0' || this.host === '::' ? '127.0.0.1' : this.host;
     return `http://${host}:${this.port}`;
+  }
+
+  /** Tells its workers still running to close their WebSocket tunnels now (1001). */
+  private closeTunnels(): void {
+    for (const handle of this.running()) this.post(handle.worker, { t: 'close-tunnels' });
   }
 
   /** Worker threads still running (after a stop: the stuck ones). */
@@ -532,6 +542,9 @@ export class FrontDoor extends EventEmitter {
   }
 
   private async drainAll(): Promise<void> {
+    // Stopping: WebSocket tunnels an earlier configuration still runs through its drain close
+    // now, as this one's do (a reload lets them run on; a stop does not wait for them).
+    for (let p = this.predecessor; p !== null; p = p.predecessor) p.closeTunnels();
     for (const membership of this.memberships) membership.stop();
     for (const probe of this.leaderProbes) probe?.stop();
     const deadlineMs = this.config.settings.drainTimeoutMs + STUCK_GRACE_MS;
