@@ -411,13 +411,18 @@ describe('WebSocket tunnels with affinity tickets', () => {
 });
 
 describe('WebSocket tunnels through a reload', () => {
-  it('run on through the old workers\' drain, and those still open at its deadline are closed with 1001', async () => {
-    const nodes = await Promise.all(['wr-a', 'wr-b'].map((id) => new WsNode(id).start()));
+  /** Nodes, and the configuration of a one-thread front door over them with this drain deadline. */
+  async function setUp(ids: string[], drainMs: number): Promise<{ nodes: WsNode[]; config: FrontDoorConfig }> {
+    const nodes = await Promise.all(ids.map((id) => new WsNode(id).start()));
     const command = parseCommand(
-      ['--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(','), '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000', '--drain-timeout-ms', '1500'],
+      ['--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(','), '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000', '--drain-timeout-ms', String(drainMs)],
       {},
     );
-    const config = (command as { config: FrontDoorConfig }).config;
+    return { nodes, config: (command as { config: FrontDoorConfig }).config };
+  }
+
+  it('run on through the old workers\' drain, and those still open at its deadline are closed with 1001', async () => {
+    const { nodes, config } = await setUp(['wr-a', 'wr-b'], 1500);
     const door = await FrontDoor.start(config);
     let next: FrontDoor | null = null;
     const kept = connect(door.url, 'stays');
@@ -452,9 +457,7 @@ describe('WebSocket tunnels through a reload', () => {
   });
 
   it('let the old workers finish as soon as their last tunnel closes, before the deadline', async () => {
-    const nodes = await Promise.all(['wq-a'].map((id) => new WsNode(id).start()));
-    const command = parseCommand(['--nodes', `wq-a=${nodes[0]!.url}`, '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000', '--drain-timeout-ms', '600000'], {});
-    const config = (command as { config: FrontDoorConfig }).config;
+    const { nodes, config } = await setUp(['wq-a'], 600_000);
     const door = await FrontDoor.start(config);
     let next: FrontDoor | null = null;
     const ws = connect(door.url, 'only');
@@ -479,9 +482,7 @@ describe('WebSocket tunnels through a reload', () => {
   });
 
   it('are closed at once (1001) when the front door that took over stops', async () => {
-    const nodes = await Promise.all(['ws-stop'].map((id) => new WsNode(id).start()));
-    const command = parseCommand(['--nodes', `ws-stop=${nodes[0]!.url}`, '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000', '--drain-timeout-ms', '600000'], {});
-    const config = (command as { config: FrontDoorConfig }).config;
+    const { nodes, config } = await setUp(['ws-stop'], 600_000);
     const door = await FrontDoor.start(config);
     const ws = connect(door.url, 'stopping');
     try {
