@@ -499,4 +499,46 @@ describe('WebSocket tunnels through a reload', () => {
       await Promise.all(nodes.map((n) => n.stop()));
     }
   });
+
+  it('run on through a second reload too, until the last front door stops', async () => {
+    const { nodes, config } = await setUp(['wc-a'], 600_000);
+    const first = await FrontDoor.start(config);
+    const ws = connect(first.url, 'chained');
+    let last: FrontDoor | null = null;
+    try {
+      await opened(ws);
+      const second = await first.reload(config);
+      last = await second.reload(config);
+      // The second front door's hand-over does not close the first one's tunnel.
+      ws.send('still through the first');
+      assert.equal((await nextMessage(ws)).data.toString(), 'wc-a:still through the first');
+      const ending = closed(ws);
+      await last.stop();
+      assert.equal((await ending).code, 1001);
+      await Promise.all([first.drained, second.drained]);
+    } finally {
+      ws.terminate();
+      await first.stop();
+      await last?.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
+  it('are closed at once by a stop that cuts a reload short', async () => {
+    const { nodes, config } = await setUp(['wx-a'], 600_000);
+    const door = await FrontDoor.start(config);
+    const ws = connect(door.url, 'cut-short');
+    try {
+      await opened(ws);
+      const reloading = door.reload(config);
+      const ending = closed(ws);
+      await door.stop();
+      assert.equal((await ending).code, 1001);
+      await assert.rejects(reloading, /stopped/);
+    } finally {
+      ws.terminate();
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
 });

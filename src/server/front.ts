@@ -544,6 +544,10 @@ export class WorkerFront implements TunnelHost {
    * next request on its way over the same connection: closing then would reset it unanswered.
    * So the connections close once none is in flight and none has come for DRAIN_QUIET_MS (each
    * one meanwhile answered with `connection: close`), or at the deadline.
+   *
+   * `lingerTunnels` (a reload): WebSocket tunnels run on until they close, and the connections
+   * wait for them (a connection kept alive meanwhile may bring one more request, answered with
+   * `connection: close`); at the deadline they are closed with 1001.
    */
   async drain(keepHints: boolean, lingerTunnels: boolean): Promise<{ abandoned: number; hints: SavedHint[] }> {
     this.draining = true;

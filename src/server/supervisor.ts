@@ -245,10 +245,11 @@ export class FrontDoor extends EventEmitter {
    * Replaces this front door with one running `config`, on the same address, without closing the
    * port (as nginx's reload): the new one probes its members and starts its workers beside this
    * one's (both bind the port with SO_REUSEPORT); once they all listen, this one drains (stops
-   * accepting, finishes what it has in flight, closes its connections and WebSocket tunnels with
-   * 1001) and its replicated routes' pending hints go to the new one. Resolves with the new
-   * front door once it serves; the drain goes on behind it (`drained`, and `'error'` on this one
-   * if it fails).
+   * accepting, finishes what it has in flight, lets its WebSocket tunnels run on until they close
+   * or the drain's deadline, polling health meanwhile, then closes its connections) and its
+   * replicated routes' pending hints go to the new one. The new one's stop closes those tunnels at
+   * once. Resolves with the new front door once it serves; the drain goes on behind it
+   * (`drained`, which rejects if a worker is stuck).
    *
    * Rejects, changing nothing, if `config` is unusable: another host or port (0 keeps the port),
    * a configuration error, or workers that cannot start.
@@ -345,6 +346,11 @@ export class FrontDoor extends EventEmitter {
   get url(): string {
     const host = this.host === '0.0.0.0' || this.host === '::' ? '127.0.0.1' : this.host;
     return `http://${host}:${this.port}`;
+  }
+
+  private stopPolling(): void {
+    for (const membership of this.memberships) membership.stop();
+    for (const probe of this.leaderProbes) probe?.stop();
   }
 
   /** Tells its workers still running to close their WebSocket tunnels now (1001). */
@@ -542,11 +548,15 @@ export class FrontDoor extends EventEmitter {
   }
 
   private async drainAll(): Promise<void> {
-    // Stopping: WebSocket tunnels an earlier configuration still runs through its drain close
-    // now, as this one's do (a reload lets them run on; a stop does not wait for them).
-    for (let p = this.predecessor; p !== null; p = p.predecessor) p.closeTunnels();
-    for (const membership of this.memberships) membership.stop();
-    for (const probe of this.leaderProbes) probe?.stop();
+    // A reload's hand-over (its successor serving) lets WebSocket tunnels run on, and keeps
+    // polling health meanwhile: a connection kept alive may still bring a request. A stop (a
+    // reload cut short included) closes them at once, and those an earlier configuration still
+    // runs through its own hand-over too.
+    const handingOver = this.successor !== null && !this.successorStarting;
+    if (!handingOver) {
+      for (let p = this.predecessor; p !== null; p = p.predecessor) p.closeTunnels();
+      this.stopPolling();
+    }
     const deadlineMs = this.config.settings.drainTimeoutMs + STUCK_GRACE_MS;
     const stuck: number[] = [];
     const exits = [...this.workers.values()].map(
@@ -562,10 +572,11 @@ export class FrontDoor extends EventEmitter {
             clearTimeout(grace);
             resolve();
           });
-          this.post(worker, { t: 'drain', keepHints: Boolean(this.config.hintsFile) || this.successor !== null, lingerTunnels: this.successor !== null });
+          this.post(worker, { t: 'drain', keepHints: Boolean(this.config.hintsFile) || this.successor !== null, lingerTunnels: handingOver });
         }),
     );
     await Promise.all(exits);
+    this.stopPolling();
     // A predecessor still draining into this one hands its hints over first: they are saved (or
     // passed on) with this one's.
     await this.predecessorDone;

@@ -16,8 +16,9 @@
  * - Backpressure: while the client is behind by more than 1 MiB, the node's socket is not read;
  *   a client that lets 16 MiB pile up towards the node (or the node towards the client) is
  *   closed with 1013, rather than either side's messages being dropped.
- * - On drain, every tunnel is closed with 1001 (going away) on both sides, and a handshake still
- *   waiting for its node is answered 503.
+ * - On a stop's drain, every tunnel is closed with 1001 (going away) on both sides; on a reload's,
+ *   tunnels run on until they close or the drain's deadline (then 1001). Either way a handshake
+ *   still waiting for its node is answered 503.
  *
  * Upstream client: `WsUpstream` (src/forward/ws-upstream.ts), a small RFC 6455 client that reads
  * into one buffer per thread and masks a client's message straight from uWS's buffer.
