@@ -119,18 +119,13 @@ async function main(): Promise<void> {
       return;
     }
     reloading = (async () => {
+      const previous = door;
       let next: FrontDoorConfig;
+      let successor: FrontDoor;
       try {
         const parsed = parseCommand(process.argv.slice(2), process.env);
         if (parsed.kind !== 'run') return;
         next = parsed.config;
-      } catch (err) {
-        process.stderr.write(`lakefront: SIGHUP: ${(err as Error).message}; still serving the previous configuration\n`);
-        return;
-      }
-      const previous = door;
-      let successor: FrontDoor;
-      try {
         successor = await previous.reload(next);
       } catch (err) {
         process.stderr.write(`lakefront: SIGHUP: ${(err as Error).message}; still serving the previous configuration\n`);

@@ -37,6 +37,13 @@ function preference(ids: readonly string[], key: string): string[] {
  * A front door over `nodes` (cluster "store", health polled only when asked) with one replicated
  * route on /kv/* (or `routes`).
  */
+/** Nodes running the reference replica (FakeNode's `replica` behaviour). */
+async function startReplicas(...ids: string[]): Promise<FakeNode[]> {
+  const nodes = await startNodes(...ids);
+  for (const n of nodes) n.behaviour = { kind: 'replica' };
+  return nodes;
+}
+
 function storeConfig(nodes: readonly { id: string; url: string }[], overrides: Partial<FrontDoorConfig> = {}): FrontDoorConfig {
   return {
     host: '127.0.0.1',
@@ -463,8 +470,7 @@ describe('replicated route through the front door', () => {
   const byId = (id: string) => nodes.find((n) => n.id === id)!;
 
   before(async () => {
-    nodes = await startNodes('rep-a', 'rep-b', 'rep-c', 'rep-d');
-    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    nodes = await startReplicas('rep-a', 'rep-b', 'rep-c', 'rep-d');
     ids = nodes.map((n) => n.id);
     [homes, spare] = [preference(ids, KEY).slice(0, 3), preference(ids, KEY)[3]!];
     door = await FrontDoor.start(
@@ -682,8 +688,7 @@ describe('replicated route through the front door', () => {
 
 describe('replicated route under faults: reads see the last acknowledged write', () => {
   it('holds read-your-writes through replicas going down and coming back, then converges', async () => {
-    const nodes = await startNodes('f-a', 'f-b', 'f-c', 'f-d', 'f-e');
-    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const nodes = await startReplicas('f-a', 'f-b', 'f-c', 'f-d', 'f-e');
     const ids = nodes.map((n) => n.id);
     const door = await FrontDoor.start(storeConfig(nodes));
     // A fixed pseudo-random sequence: the same faults every run.
@@ -738,8 +743,7 @@ describe('replicated route under faults: reads see the last acknowledged write',
 
 describe('replicated route: hints saved at a stop', () => {
   it('a stop saves the hints not yet handed over, and the next start hands them over', async () => {
-    const nodes = await startNodes('s-a', 's-b', 's-c', 's-d');
-    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const nodes = await startReplicas('s-a', 's-b', 's-c', 's-d');
     const ids = nodes.map((n) => n.id);
     const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
     const hintsFile = join(dir, 'hints.json');
@@ -788,8 +792,7 @@ describe('replicated route: hints saved at a stop', () => {
   });
 
   it('a reload hands the hints not yet handed over to the front door that takes over, without a hints file', async () => {
-    const nodes = await startNodes('r-a', 'r-b', 'r-c', 'r-d');
-    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const nodes = await startReplicas('r-a', 'r-b', 'r-c', 'r-d');
     const ids = nodes.map((n) => n.id);
     const config = storeConfig(nodes);
     const key = '/kv/reloaded';
@@ -822,8 +825,7 @@ describe('replicated route: hints saved at a stop', () => {
   });
 
   it('hints still on their way from a draining front door are saved by its successor, stopped before that drain ended', async () => {
-    const nodes = await startNodes('rs-a', 'rs-b', 'rs-c', 'rs-d');
-    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const nodes = await startReplicas('rs-a', 'rs-b', 'rs-c', 'rs-d');
     const ids = nodes.map((n) => n.id);
     const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
     const hintsFile = join(dir, 'hints.json');
@@ -856,8 +858,7 @@ describe('replicated route: hints saved at a stop', () => {
   });
 
   it('counts the hints a crashed worker kept as lost, and /stats no longer shows them pending', async () => {
-    const nodes = await startNodes('rc-a', 'rc-b', 'rc-c', 'rc-d');
-    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const nodes = await startReplicas('rc-a', 'rc-b', 'rc-c', 'rc-d');
     const ids = nodes.map((n) => n.id);
     const key = '/kv/crashed';
     const down = nodes.find((n) => n.id === preference(ids, key)[0])!;
@@ -923,8 +924,7 @@ describe('replicated route: a replica that refuses the connection', () => {
   it('gets a stand-in (nothing reached it), and the write once it is back', async () => {
     // A front door of its own: its workers hold no connection to the replica yet, so the write
     // meets a refused connection, not a stale one.
-    const nodes = await startNodes('ref-a', 'ref-b', 'ref-c', 'ref-d');
-    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    const nodes = await startReplicas('ref-a', 'ref-b', 'ref-c', 'ref-d');
     const ids = nodes.map((n) => n.id);
     const door = await FrontDoor.start(storeConfig(nodes, { threads: 1 }));
     try {
@@ -953,8 +953,7 @@ describe('region-aware quorums through the front door', () => {
   let nodes: FakeNode[];
   let door: FrontDoor | null = null;
   before(async () => {
-    nodes = await startNodes('east-1', 'east-2', 'west-1', 'west-2');
-    for (const n of nodes) n.behaviour = { kind: 'replica' };
+    nodes = await startReplicas('east-1', 'east-2', 'west-1', 'west-2');
   });
   after(async () => {
     await door?.stop();

@@ -155,6 +155,10 @@ export class WsUpstream {
     const host = url.hostname.replace(/^\[|\]$/g, '');
     const port = Number(url.port || (secure ? 443 : 80));
     this.key = randomBytes(16).toString('base64');
+    // The per-thread buffers, made at the thread's first tunnel (not at each frame).
+    readBuffer ??= Buffer.allocUnsafe(64 * 1024);
+    writeScratch ??= new PrefixViews(Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES));
+    masks ??= Buffer.allocUnsafeSlow(MASK_BYTES);
     const protocols = options.headers['sec-websocket-protocol'];
     this.offered = new Set(protocols === undefined ? [] : protocols.split(',').map((p) => p.trim()).filter((p) => p !== ''));
     if (secure) {
@@ -169,7 +173,7 @@ export class WsUpstream {
         port,
         noDelay: true,
         onread: {
-          buffer: (readBuffer ??= Buffer.allocUnsafe(64 * 1024)),
+          buffer: readBuffer,
           callback: (n: number, buf: Uint8Array) => {
             this.received(buf as Buffer, n);
             return true;
@@ -577,13 +581,12 @@ export class WsUpstream {
     const header = length < 126 ? 6 : length < 0x10000 ? 8 : 14;
     const total = header + length;
     const socket = this.socket;
-    writeScratch ??= new PrefixViews(Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES));
-    masks ??= Buffer.allocUnsafeSlow(MASK_BYTES);
     // The per-thread buffer when the socket holds nothing (it keeps a view of what the kernel did
     // not take: the buffer is then handed over and a fresh one made), else a buffer of its own.
     // Not for TLS: it reports every write done only later, so the buffer would never be reused.
     const scratch = !this.secure && total <= WRITE_SCRATCH_BYTES && socket.writableLength === 0;
-    const out = scratch ? writeScratch.buf : Buffer.allocUnsafe(total);
+    const out = scratch ? writeScratch!.buf : Buffer.allocUnsafe(total);
+    const keys = masks!;
     out[0] = 0x80 | opcode;
     if (length < 126) out[1] = 0x80 | length;
     else if (length < 0x10000) {
@@ -595,14 +598,14 @@ export class WsUpstream {
       out.writeUInt32BE(length >>> 0, 6);
     }
     if (maskAt + 4 > MASK_BYTES) {
-      randomFillSync(masks);
+      randomFillSync(keys);
       maskAt = 0;
     }
     const m = header - 4;
-    const m0 = (out[m] = masks[maskAt]!);
-    const m1 = (out[m + 1] = masks[maskAt + 1]!);
-    const m2 = (out[m + 2] = masks[maskAt + 2]!);
-    const m3 = (out[m + 3] = masks[maskAt + 3]!);
+    const m0 = (out[m] = keys[maskAt]!);
+    const m1 = (out[m + 1] = keys[maskAt + 1]!);
+    const m2 = (out[m + 2] = keys[maskAt + 2]!);
+    const m3 = (out[m + 3] = keys[maskAt + 3]!);
     maskAt += 4;
     let i = 0;
     for (; i + 3 < length; i += 4) {
@@ -611,9 +614,9 @@ export class WsUpstream {
       out[header + i + 2] = data[i + 2]! ^ m2;
       out[header + i + 3] = data[i + 3]! ^ m3;
     }
-    for (; i < length; i++) out[header + i] = data[i]! ^ masks[maskAt - 4 + (i & 3)]!;
+    for (; i < length; i++) out[header + i] = data[i]! ^ keys[maskAt - 4 + (i & 3)]!;
     if (scratch) {
-      socket.write(writeScratch.of(total));
+      socket.write(writeScratch!.of(total));
       if (socket.writableLength !== 0) writeScratch = new PrefixViews(Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES));
     } else socket.write(out);
   }

@@ -53,13 +53,20 @@ function replyJson(res: HttpResponse, status: number, body: string, close = fals
   res.cork(() => {
     res.writeStatus(statusBytes(status)).writeHeader('content-type', JSON_TYPE);
     if (allow !== null) res.writeHeader('allow', allow);
-    // A HEAD answer never carries the body (a client would take it for a next answer): one that
-    // should close says so, and the client closes (see endHeadAnswer).
-    if (head) {
-      res.writeHeader('content-length', String(Buffer.byteLength(body)));
-      endHeadAnswer(res, close);
-    } else res.end(body, close);
+    endJson(res, body, close, head);
   });
+}
+
+/**
+ * Ends an answer with a JSON body the front door made. A HEAD answer never carries the body (a
+ * client would take it for a next answer), only its length; one that should close says so, and
+ * the client closes (see endHeadAnswer).
+ */
+function endJson(res: HttpResponse, body: string, close: boolean, head: boolean): void {
+  if (head) {
+    res.writeHeader('content-length', String(Buffer.byteLength(body)));
+    endHeadAnswer(res, close);
+  } else res.end(body, close);
 }
 
 /**
@@ -258,7 +265,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
         .writeStatus(statusBytes(failure.status))
         .writeHeader('content-type', JSON_TYPE)
         .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0');
-      this.endJson(errorBody(failure.message, failure.code, { attempted }), close);
+      endJson(res, errorBody(failure.message, failure.code, { attempted }), close, this.method === 'HEAD');
       return;
     }
     // uWS writes `200 OK` itself when no status was written: one native call fewer for most.
@@ -282,7 +289,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const runtime = this.route.runtime;
     if (failure !== null) {
       res.writeStatus(statusBytes(failure.status)).writeHeader('content-type', JSON_TYPE);
-      this.endJson(errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close);
+      endJson(res, errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close, this.method === 'HEAD');
       return;
     }
     runtime.won(call.servedBy);
@@ -292,14 +299,6 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     writeRelayedHeaders(res, call.headers, runtime.answerLines[2 * call.servedBy]!, isHead);
     if (isHead) endHeadAnswer(res, close);
     else res.end(call.body!, close);
-  }
-
-  /** Ends a failure answer: its JSON body, or for a HEAD request only the body's length. */
-  private endJson(body: string, close: boolean): void {
-    if (this.method === 'HEAD') {
-      this.res.writeHeader('content-length', String(Buffer.byteLength(body)));
-      endHeadAnswer(this.res, close);
-    } else this.res.end(body, close);
   }
 
   /** The drain deadline passed with this request unanswered: answer it before connections close. */

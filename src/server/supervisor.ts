@@ -68,6 +68,13 @@ export interface FrontDoorConfig {
   readonly hintsFile?: string | null;
 }
 
+/** Appends `items` to the list `map` holds under `key` (made if absent). */
+function appendTo<K, V>(map: Map<K, V[]>, key: K, items: readonly V[]): void {
+  const list = map.get(key);
+  if (list === undefined) map.set(key, [...items]);
+  else list.push(...items);
+}
+
 const WORKER_URL = new URL('../../workers/data-plane.js', import.meta.url);
 
 /** How long past `drainTimeoutMs` a draining worker has to close its pools and end. */
@@ -115,8 +122,6 @@ export class FrontDoor extends EventEmitter {
   private readonly hintsFor = new Map<number, SavedHint[]>();
   /** Hints the stopping workers handed over, to be saved. */
   private readonly stoppedHints: SavedHint[] = [];
-  /** Whether the stop has saved the hints (a worker's coming late saves them again). */
-  private hintsWritten = false;
   /** How many hints the last stop saved to the hints file. */
   hintsSaved = 0;
   /** Started by `reload`: binds the port its predecessor's workers hold (SO_REUSEPORT). */
@@ -319,23 +324,29 @@ export class FrontDoor extends EventEmitter {
   private takeOver(hints: readonly SavedHint[]): void {
     const shares = this.shareHints(hints, 'the previous configuration');
     if (this.stopping !== null) {
-      const kept = [...shares.values()].flat();
-      if (this.successor !== null) this.successor.takeOver(kept);
-      else if (this.config.hintsFile) {
-        this.stoppedHints.push(...kept);
-        // The file may have been written already: again, with them.
-        if (this.hintsWritten && kept.length > 0) this.writeHints();
-      } else for (let i = 0; i < kept.length; i++) this.mainSlot.bump(C_HINTS_LOST);
+      this.keepStopped([...shares.values()].flat());
       return;
     }
     for (const [slot, share] of shares) {
       const handle = this.workers.get(slot);
       if (handle && handle.worker.threadId >= 0) this.post(handle.worker, { t: 'adopt-hints', hints: share });
-      else {
-        // Not started yet (or being replaced): it takes them when it starts.
-        (this.hintsFor.get(slot) ?? this.hintsFor.set(slot, []).get(slot)!).push(...share);
-      }
+      // Not started yet (or being replaced): it takes them when it starts.
+      else appendTo(this.hintsFor, slot, share);
     }
+  }
+
+  /**
+   * Hints reaching a stopping front door (late from a worker, or from a predecessor): to the
+   * successor it has handed over to, else kept with the stop's own, which the hand-over or the
+   * hints file takes (or which are counted lost): again, if that has happened already.
+   */
+  private keepStopped(hints: readonly SavedHint[]): void {
+    if (this.handedOver && this.successor !== null) {
+      this.successor.takeOver(hints);
+      return;
+    }
+    this.stoppedHints.push(...hints);
+    if (this.drainDone && hints.length > 0) this.writeHints();
   }
 
   /** The configuration it runs (a caller's `reload` may start from it). */
@@ -411,9 +422,7 @@ export class FrontDoor extends EventEmitter {
     } catch {
       throw new ConfigError(`hints file ${file}: its directory is not writable (a stop could not save the hints there)`);
     }
-    for (const [slot, share] of this.shareHints(loadHints(file), `hints file ${file}`)) {
-      (this.hintsFor.get(slot) ?? this.hintsFor.set(slot, []).get(slot)!).push(...share);
-    }
+    for (const [slot, share] of this.shareHints(loadHints(file), `hints file ${file}`)) appendTo(this.hintsFor, slot, share);
   }
 
   /**
@@ -440,7 +449,7 @@ export class FrontDoor extends EventEmitter {
         continue;
       }
       const target = (slot++ % this.threads) + 1;
-      (shares.get(target) ?? shares.set(target, []).get(target)!).push(hint);
+      appendTo(shares, target, [hint]);
     }
     if (dropped > 0) process.stderr.write(`lakefront: ${source}: ${dropped} hint(s) for routes or replicas no longer configured were dropped\n`);
     return shares;
@@ -461,7 +470,6 @@ export class FrontDoor extends EventEmitter {
       this.hintsFor.clear();
       return;
     }
-    this.hintsWritten = true;
     try {
       this.hintsSaved = saveHints(file, hints);
     } catch (err) {
@@ -732,12 +740,7 @@ export class FrontDoor extends EventEmitter {
         break;
       }
       case 'drained':
-        // Past the drain's deadline the hints were handed over (or written) without them: now.
-        if (this.handedOver && this.successor !== null) this.successor.takeOver(message.hints);
-        else {
-          this.stoppedHints.push(...message.hints);
-          if (this.drainDone && message.hints.length > 0) this.writeHints();
-        }
+        this.keepStopped(message.hints);
         break;
       case 'node-refused': {
         const node = this.nodes[message.node];
