@@ -4,7 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it, mock } from 'node:test';
-import { C_HEDGES, C_REQUESTS, CounterSlot, FLUSH_MS, N_ATTEMPTS, N_INFLIGHT, counterBytes, readTotals } from '../src/metrics/counters.js';
+import { C_HEDGES, C_HINTS_PENDING, C_REQUESTS, C_WEBSOCKETS, CounterSlot, FLUSH_MS, N_ATTEMPTS, N_INFLIGHT, addTotals, counterBytes, endedTotals, readTotals, totalsById } from '../src/metrics/counters.js';
 
 const NODES = 3;
 const SLOTS = 3;
@@ -65,5 +65,37 @@ describe('counters', () => {
     } finally {
       mock.timers.reset();
     }
+  });
+
+  it('carries a reload\'s counts by node id: an ended front door\'s gauges are zero, its counters kept', () => {
+    const old = new SharedArrayBuffer(counterBytes(1, 2));
+    const oldSlot = new CounterSlot(old, 0, 2);
+    oldSlot.bump(C_REQUESTS);
+    oldSlot.bump(C_WEBSOCKETS);
+    oldSlot.bump(C_HINTS_PENDING);
+    oldSlot.bumpNode(0, N_ATTEMPTS);
+    oldSlot.bumpNode(1, N_ATTEMPTS);
+    oldSlot.bumpNode(1, N_INFLIGHT);
+    const ended = endedTotals(totalsById(readTotals(old, 1, 2), ['a', 'b']));
+    assert.equal(ended.requests, 1);
+    assert.equal(ended.websockets, 0);
+    assert.equal(ended.hintsPending, 0);
+    assert.deepEqual(ended.nodes.get('b'), { attempts: 1, failures: 0, inflight: 0, wins: 0 });
+    // The new configuration has node b and a new c; a is kept in the totals all the same.
+    const now = new SharedArrayBuffer(counterBytes(1, 2));
+    const slot = new CounterSlot(now, 0, 2);
+    slot.bump(C_REQUESTS);
+    slot.bump(C_WEBSOCKETS);
+    slot.bumpNode(0, N_ATTEMPTS);
+    const totals = totalsById(readTotals(now, 1, 2), ['b', 'c']);
+    addTotals(totals, ended);
+    assert.equal(totals.requests, 2);
+    assert.equal(totals.websockets, 1);
+    assert.equal(totals.nodes.get('b')!.attempts, 2);
+    assert.equal(totals.nodes.get('c')!.attempts, 0);
+    assert.equal(totals.nodes.get('a')!.attempts, 1);
+    // Adding does not share node records with the source.
+    totals.nodes.get('a')!.attempts++;
+    assert.equal(ended.nodes.get('a')!.attempts, 1);
   });
 });

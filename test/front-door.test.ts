@@ -821,6 +821,58 @@ describe('front door: reload', () => {
     }
   });
 
+  it('counts on in /stats across reloads: requests, and each node by id (also a node left out of one configuration and back in the next)', async () => {
+    const [slow, other] = await startNodes('rs-slow', 'rs-other');
+    slow!.behaviour = { kind: 'answer', delayMs: 300 };
+    type Stats = { requests: number; nodes: Record<string, { attempts: number; wins: number; inflight: number }> };
+    /** /stats over a fresh connection (one landing on an old worker as it closes is reset: README, reload). */
+    const stats = async (door: FrontDoor): Promise<Stats> => {
+      const ask = (): Promise<Reply> => call(`${door.url}/stats`, { fresh: true });
+      return (await ask().catch(ask)).json<Stats>();
+    };
+    const first = await FrontDoor.start(configOver([slow!, other!], 1));
+    let second: FrontDoor | null = null;
+    let third: FrontDoor | null = null;
+    try {
+      // Boards that rank each node first (a write goes to its first node only).
+      const boardFor = async (id: string): Promise<string> => {
+        for (let i = 0; ; i++) if ((await ranking(first.url, `rs-${i}`))[0] === id) return `rs-${i}`;
+      };
+      const toSlow = await boardFor('rs-slow');
+      const toOther = await boardFor('rs-other');
+      for (const board of [toOther, toOther, toOther]) assert.equal((await rpc(first.url, 'board.append', board)).status, 200);
+      const held = rpc(first.url, 'board.append', toSlow);
+      await slow!.waitForRequests(1);
+      second = await first.reload(configOver([slow!], 1));
+      // The old front door still waits for its slow node: its counts and what it has in flight are in.
+      const during = await stats(second);
+      assert.equal(during.requests, 4, JSON.stringify(during));
+      assert.equal(during.nodes['rs-slow']!.inflight, 1, JSON.stringify(during));
+      assert.equal(during.nodes['rs-other'], undefined, 'a node no longer configured is not listed');
+      assert.equal((await held).status, 200);
+      await first.drained;
+      // The new configuration has one node: every board goes there.
+      assert.equal((await rpc(second.url, 'board.append', toOther)).status, 200);
+      const after = await stats(second);
+      assert.equal(after.requests, 5, JSON.stringify(after));
+      assert.equal(after.nodes['rs-slow']!.inflight, 0);
+      assert.equal(after.nodes['rs-slow']!.wins, 2);
+      // Every attempt either node ever got is counted, by node id, through both reloads.
+      third = await second.reload(configOver([slow!, other!], 1));
+      await second.drained;
+      const last = await stats(third);
+      assert.equal(last.nodes['rs-slow']!.attempts, slow!.hits('/rpc/'));
+      assert.equal(last.nodes['rs-other']!.attempts, other!.hits('/rpc/'));
+      assert.equal(last.nodes['rs-other']!.wins, 3);
+      assert.equal(last.requests, after.requests);
+    } finally {
+      await first.stop();
+      await second?.stop();
+      await third?.stop();
+      await Promise.all([slow!.stop(), other!.stop()]);
+    }
+  });
+
   it('says connection: close on every answer of a draining front door (HEAD, /stats, /route refusals), so keep-alive clients move on', async () => {
     const [slow, fresh] = await startNodes('rl-hold', 'rl-next');
     slow!.behaviour = { kind: 'answer', delayMs: 300 };

@@ -464,6 +464,8 @@ describe('WebSocket tunnels through a reload', () => {
     try {
       await opened(ws);
       next = await door.reload(config);
+      // The front door serving counts the tunnel still running through the old worker.
+      assert.equal((await next.stats()).websockets, 1);
       let drained = false;
       void door.drained.then(() => (drained = true));
       ws.send('still here');
@@ -473,6 +475,9 @@ describe('WebSocket tunnels through a reload', () => {
       await closed(ws);
       // Ten minutes' deadline: this returns because the tunnel closed.
       await door.drained;
+      const stats = await next.stats();
+      assert.equal(stats.websockets, 0);
+      assert.equal(stats.requests, 1, 'the handshake, counted before the reload');
     } finally {
       ws.terminate();
       await door.stop();
@@ -509,6 +514,7 @@ describe('WebSocket tunnels through a reload', () => {
       await opened(ws);
       const second = await first.reload(config);
       last = await second.reload(config);
+      assert.equal((await last.stats()).websockets, 1, 'the tunnel in the first front door\'s worker');
       // The second front door's hand-over does not close the first one's tunnel.
       ws.send('still through the first');
       assert.equal((await nextMessage(ws)).data.toString(), 'wc-a:still through the first');

@@ -95,7 +95,60 @@ export interface CounterTotals {
   hintsExpired: number;
   hintsRefused: number;
   hintsLost: number;
-  nodes: { attempts: number; failures: number; inflight: number; wins: number }[];
+  nodes: NodeTotals[];
+}
+
+export interface NodeTotals {
+  attempts: number;
+  failures: number;
+  /** A gauge: attempts running now. */
+  inflight: number;
+  wins: number;
+}
+
+/**
+ * Totals with the nodes by id: what a reload's front door adds to its own, so `/stats` goes on
+ * counting across reloads (nodes are matched by id; one no longer configured is dropped from
+ * `nodes` but stays in the totals).
+ */
+export interface TotalsById extends Omit<CounterTotals, 'nodes'> {
+  nodes: Map<string, NodeTotals>;
+}
+
+/** Gauges: the number of things there are now, not of things that happened. */
+type Gauge = 'websockets' | 'hintsPending';
+const GAUGES: readonly Gauge[] = ['websockets', 'hintsPending'];
+
+export function totalsById(totals: CounterTotals, ids: readonly string[]): TotalsById {
+  const nodes = new Map<string, NodeTotals>();
+  totals.nodes.forEach((node, i) => nodes.set(ids[i]!, { ...node }));
+  return { ...totals, nodes };
+}
+
+/** Adds `from` to `into`, field by field and node by node (a node `into` lacks is added). */
+export function addTotals(into: TotalsById, from: TotalsById): void {
+  for (const key of Object.keys(from) as (keyof TotalsById)[]) {
+    if (key !== 'nodes') into[key] += from[key];
+  }
+  for (const [id, node] of from.nodes) {
+    const mine = into.nodes.get(id);
+    if (mine === undefined) {
+      into.nodes.set(id, { ...node });
+      continue;
+    }
+    mine.attempts += node.attempts;
+    mine.failures += node.failures;
+    mine.inflight += node.inflight;
+    mine.wins += node.wins;
+  }
+}
+
+/** The counts of a front door whose workers have ended: its gauges are zero. */
+export function endedTotals(totals: TotalsById): TotalsById {
+  const ended = totalsById({ ...totals, nodes: [] }, []);
+  for (const gauge of GAUGES) ended[gauge] = 0;
+  for (const [id, node] of totals.nodes) ended.nodes.set(id, { ...node, inflight: 0 });
+  return ended;
 }
 
 /** Longest a batched slot holds counts before adding them to the shared lanes. */

@@ -16,7 +16,7 @@ import { Worker } from 'node:worker_threads';
 import { ConfigError } from '../errors.js';
 import { Membership, type MemberConfig } from '../membership/membership.js';
 import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, TableWriter, type NodeRow } from '../membership/table.js';
-import { C_HINTS_EXPIRED, C_HINTS_LOST, CounterSlot, counterBytes, readTotals } from '../metrics/counters.js';
+import { C_HINTS_EXPIRED, C_HINTS_LOST, CounterSlot, addTotals, counterBytes, endedTotals, readTotals, totalsById, type TotalsById } from '../metrics/counters.js';
 import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
 import { EtcdLeaderProbe } from '../membership/leader.js';
@@ -135,6 +135,8 @@ export class FrontDoor extends EventEmitter {
   private predecessorDone: Promise<void> = Promise.resolve();
   /** The front door this one took over from, while it may still be draining. */
   private predecessor: FrontDoor | null = null;
+  /** The counts of the front doors this one took over from that have ended (`/stats` goes on from them). */
+  private carried: TotalsById | null = null;
   /** Hints handed over (a reload) or saved (a hints file) for routes or nodes no longer configured. */
   unconfiguredHints = 0;
   /** The drain's workers have ended and the hints they handed back are settled (`drainAll`). */
@@ -292,8 +294,12 @@ export class FrontDoor extends EventEmitter {
     );
     next.predecessorDone = handover.catch(() => undefined);
     next.predecessor = this;
-    // Not kept once drained: a chain of reloads does not hold every earlier front door.
-    void next.predecessorDone.then(() => (next.predecessor = null));
+    // Not kept once drained (a chain of reloads does not hold every earlier front door): its
+    // counts are, for /stats.
+    void next.predecessorDone.then(() => {
+      next.carried = endedTotals(this.totals());
+      next.predecessor = null;
+    });
     this.drained = handover;
     // Rejected when a worker is stuck: whoever awaits `drained` hears of it, nobody else must.
     handover.catch(() => undefined);
@@ -379,14 +385,34 @@ export class FrontDoor extends EventEmitter {
     return [...this.workers.keys()];
   }
 
-  /** The whole process's counters and per-node latency: what `/stats` answers. */
+  /**
+   * This front door's counts and those of the front doors it took over from (reloads): the
+   * gauges (tunnels open, hints pending, attempts in flight) of those still draining too.
+   */
+  private totals(): TotalsById {
+    const totals = totalsById(readTotals(this.counters, this.counterSlots, this.nodes.length), this.nodes.map((n) => n.id));
+    if (this.carried !== null) addTotals(totals, this.carried);
+    if (this.predecessor !== null) addTotals(totals, this.predecessor.totals());
+    return totals;
+  }
+
+  /**
+   * The whole process's counters and per-node latency: what `/stats` answers. Counters go on
+   * across reloads; latency histograms are the serving workers' own.
+   */
   async stats(): Promise<Record<string, unknown>> {
-    const encoded = await this.collect();
-    const totals = readTotals(this.counters, this.counterSlots, this.nodes.length);
+    // Asked of an old worker during a reload's drain: answered for the configuration serving.
+    const successor = this.successor;
+    if (successor !== null && !this.successorStarting && successor.stopping === null) return successor.stats();
+    // Draining front doors' workers add their batched counts too (the collection flushes them).
+    const draining: Promise<unknown>[] = [];
+    for (let p = this.predecessor; p !== null; p = p.predecessor) draining.push(p.collect());
+    const [encoded] = await Promise.all([this.collect(), ...draining]);
+    const totals = this.totals();
     const latency = mergeSummaries(encoded, this.nodes.length);
     const nodes: Record<string, unknown> = {};
     this.nodes.forEach((node, i) => {
-      nodes[node.id] = { cluster: this.clusters[node.cluster]!.name, ...totals.nodes[i], latencyUs: latency[i] };
+      nodes[node.id] = { cluster: this.clusters[node.cluster]!.name, ...totals.nodes.get(node.id), latencyUs: latency[i] };
     });
     return {
       requests: totals.requests,
