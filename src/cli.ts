@@ -203,6 +203,9 @@ async function main(): Promise<void> {
       );
   };
   if (configFile !== null) process.on('SIGHUP', reload);
+  // SIGUSR1, as nginx: every worker opens the access log's file again (logrotate moved it). It
+  // also keeps Node from opening its inspector on that signal, which a front door does not want.
+  process.on('SIGUSR1', () => door.reopenAccessLog());
   process.on('SIGTERM', () => shutdown('SIGTERM'));
   process.on('SIGINT', () => shutdown('SIGINT'));
   // Said once the signals are handled: whoever reads this line may signal at once.

@@ -823,7 +823,8 @@ describe('front door: reload', () => {
 
   it('counts on in /stats across reloads: requests, and each node by id (also a node left out of one configuration and back in the next)', async () => {
     const [slow, other] = await startNodes('rs-slow', 'rs-other');
-    slow!.behaviour = { kind: 'answer', delayMs: 300 };
+    // Slow enough that the reload and a /stats come well within it.
+    slow!.behaviour = { kind: 'answer', delayMs: 1500 };
     type Stats = { requests: number; nodes: Record<string, { attempts: number; wins: number; inflight: number }> };
     /** /stats over a fresh connection (one landing on an old worker as it closes is reset: README, reload). */
     const stats = async (door: FrontDoor): Promise<Stats> => {
@@ -870,6 +871,52 @@ describe('front door: reload', () => {
       await second?.stop();
       await third?.stop();
       await Promise.all([slow!.stop(), other!.stop()]);
+    }
+  });
+
+  it('answers a /stats reaching an old worker during its drain for the newest front door, after two reloads', async () => {
+    const [node] = await startNodes('rn-one');
+    node!.behaviour = { kind: 'answer', delayMs: 1500 };
+    const first = await FrontDoor.start(configOver([node!], 1));
+    let second: FrontDoor | null = null;
+    let third: FrontDoor | null = null;
+    // A keep-alive connection the first front door's worker accepted.
+    const socket = connect(first.port, '127.0.0.1');
+    await once(socket, 'connect');
+    let text = '';
+    socket.on('data', (chunk: Buffer) => (text += chunk.toString('latin1')));
+    const statsOverIt = async (): Promise<{ requests: number; nodes: Record<string, { inflight: number }> }> => {
+      text = '';
+      socket.write('GET /stats HTTP/1.1\r\nhost: x\r\n\r\n');
+      for (;;) {
+        const at = text.indexOf('\r\n\r\n');
+        const length = /content-length: (\d+)/i.exec(text);
+        if (at >= 0 && length && text.length >= at + 4 + Number(length[1])) return JSON.parse(text.slice(at + 4));
+        await once(socket, 'data');
+      }
+    };
+    try {
+      assert.equal((await statsOverIt()).requests, 0);
+      // Held by the slow node: the first front door drains until it is answered.
+      const held = rpc(first.url, 'board.append', 'held');
+      await node!.waitForRequests(1);
+      node!.behaviour = { kind: 'answer' };
+      second = await first.reload(configOver([node!], 1));
+      third = await second.reload(configOver([node!], 1));
+      for (let i = 0; i < 2; i++) assert.equal((await rpc(third.url, 'query.execute', `then-${i}`, { fresh: true }).catch(() => rpc(third!.url, 'query.execute', `again-${i}`, { fresh: true }))).status, 200);
+      const old = await statsOverIt();
+      const newest = (await third.stats()) as { requests: number; nodes: Record<string, { inflight: number }> };
+      assert.equal(old.requests, newest.requests);
+      assert.equal(old.requests, 3);
+      assert.equal(old.nodes['rn-one']!.inflight, 1, 'the held request, in the first front door');
+      assert.equal((await held).status, 200);
+      await Promise.all([first.drained, second.drained]);
+    } finally {
+      socket.destroy();
+      await first.stop();
+      await second?.stop();
+      await third?.stop();
+      await node!.stop();
     }
   });
 

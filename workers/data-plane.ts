@@ -63,6 +63,9 @@ port.on('message', (message: MainMessage) => {
     case 'close-tunnels':
       running.closeTunnels();
       break;
+    case 'reopen-log':
+      running.reopenLog();
+      break;
     case 'adopt-hints':
       running.adoptHints(message.hints);
       break;

@@ -53,6 +53,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'cancel-grace-ms', env: 'LAKEFRONT_CANCEL_GRACE_MS', value: 'ms', help: 'a hedge loser may finish this long before its connection is closed [250]' },
   { flag: 'drain-timeout-ms', env: 'LAKEFRONT_DRAIN_TIMEOUT_MS', value: 'ms', help: 'on SIGTERM/SIGINT, wait this long for in-flight requests [10000]' },
   { flag: 'hints-file', env: 'LAKEFRONT_HINTS_FILE', value: 'path', help: "replicated routes: where a stop saves the hints not yet handed over, and the next start takes them back [none: dropped]" },
+  { flag: 'access-log', env: 'LAKEFRONT_ACCESS_LOG', value: 'path|-', help: 'a JSON line for each request on a route (and each 404), appended to this file or, with -, standard output; SIGUSR1 opens the file again [none]' },
 ];
 
 export const DEFAULT_PORT = 8080;
@@ -234,6 +235,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     routes,
     ...(file?.region !== undefined ? { region: file.region } : {}),
     hintsFile: hintsFileOf(read('hints-file'), file?.hintsFile),
+    accessLog: pathOf(read('access-log'), file?.accessLog, 'leave it out for no access log'),
     healthIntervalMs: int('health-interval-ms', DEFAULT_HEALTH_INTERVAL_MS, 10, 3_600_000),
     healthTimeoutMs: int('health-timeout-ms', DEFAULT_HEALTH_TIMEOUT_MS, 1, 60_000),
     settings: defaultSettings({
@@ -275,7 +277,12 @@ export function helpText(): string {
 
 /** `--hints-file`, else the file's `hintsFile`: an empty path is refused, not taken for none. */
 function hintsFileOf(flag: [string, string] | undefined, fromFile: string | undefined): string | null {
+  return pathOf(flag, fromFile, 'leave it out to drop hints at a stop');
+}
+
+/** A path from a flag, else from the file: an empty one is refused, not taken for none. */
+function pathOf(flag: [string, string] | undefined, fromFile: string | undefined, instead: string): string | null {
   if (flag === undefined) return fromFile ?? null;
-  if (flag[0].trim() === '') throw new ConfigError(`${flag[1]}: an empty path (leave it out to drop hints at a stop)`);
+  if (flag[0].trim() === '') throw new ConfigError(`${flag[1]}: an empty path (${instead})`);
   return flag[0];
 }

@@ -35,6 +35,8 @@ export interface FileConfig {
   readonly region?: string;
   /** Where hints are saved at a stop (see `--hints-file`). */
   readonly hintsFile?: string;
+  /** The access log (see `--access-log`). */
+  readonly accessLog?: string;
   readonly clusters: ClusterConfig[];
   readonly routes: RouteConfig[];
 }
@@ -191,7 +193,7 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
 /** Validates a parsed configuration file. */
 export function parseFileConfig(raw: unknown, file: string): FileConfig {
   if (!isObject(raw)) fail(file, 'must hold a JSON object');
-  known(raw, ['port', 'host', 'threads', 'region', 'hintsFile', 'clusters', 'routes'], file);
+  known(raw, ['port', 'host', 'threads', 'region', 'hintsFile', 'accessLog', 'clusters', 'routes'], file);
   const region = str(raw, 'region', file);
   if (region !== undefined && !REGION_NAME.test(region)) fail(`${file}: region`, `must be 1-64 letters, digits, '.', '_' or '-', got ${JSON.stringify(region)}`);
   const clustersRaw = raw.clusters;
@@ -301,6 +303,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     ...(str(raw, 'host', file) !== undefined ? { host: raw.host as string } : {}),
     ...(region !== undefined ? { region } : {}),
     ...(str(raw, 'hintsFile', file) !== undefined ? { hintsFile: raw.hintsFile as string } : {}),
+    ...(str(raw, 'accessLog', file) !== undefined ? { accessLog: raw.accessLog as string } : {}),
     clusters,
     routes,
   };

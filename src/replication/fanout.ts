@@ -123,6 +123,11 @@ export class ReplicatedCall implements AttemptSink {
   acks = 0;
   failure: ReplicatedFailure | null = null;
 
+  /** Nodes the request went to so far (replicas, stand-ins, further nodes): the access log's attempts. */
+  get attempts(): number {
+    return this.targets.length;
+  }
+
   private readonly list: Int32Array;
   private listCount = 0;
   private homes = 0;

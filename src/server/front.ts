@@ -35,6 +35,7 @@ import { WebSocketTunnels, type TunnelHost } from './websocket.js';
 import { TicketBook } from '../affinity/tickets.js';
 import { ReplicaSet, type ReplicatedCall, type ReplicatedOwner } from '../replication/fanout.js';
 import { ACKS_HEADER, VersionClock } from '../replication/quorum.js';
+import { AccessLog, asciiJson } from './access-log.js';
 
 /** A drain closes the connections once no request has come for this long (see `drain`). */
 const DRAIN_QUIET_MS = 100;
@@ -122,6 +123,13 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   private ticketKept = false;
   /** The body passed the limit: the rest is being read and dropped. */
   private overflowed = false;
+  /**
+   * With the access log on: the client's address, the path without its query (which may carry a
+   * token), and when the request came (performance.now()).
+   */
+  client = '';
+  logPath = '';
+  startedAt = 0;
 
   constructor(
     private readonly front: WorkerFront,
@@ -147,6 +155,8 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   onAborted(): void {
     this.aborted = true;
+    // As nginx logs it: 499, the client closed the connection before its answer.
+    if (!this.answered && this.front.accessLog !== null) this.log(499, null, false, 0);
     this.exchange?.cancel();
     this.finish();
   }
@@ -244,7 +254,26 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     corked = this;
     this.res.cork(writeCorked);
     corked = null;
+    if (this.front.accessLog !== null) this.logAnswer();
     this.finish();
+  }
+
+  /** The access log's line for the answer just written. */
+  private logAnswer(): void {
+    const call = this.call;
+    const ids = this.route.runtime.ids;
+    const head = this.method === 'HEAD';
+    if (call !== null) {
+      this.log(call.status, call.failure === null ? ids[call.servedBy]! : null, false, head || call.body === null ? 0 : call.body.length);
+      return;
+    }
+    const exchange = this.exchange!;
+    this.log(exchange.status, exchange.winner < 0 ? null : ids[exchange.servedBy]!, exchange.hedged, head || exchange.body === null ? 0 : exchange.body.length);
+  }
+
+  private log(status: number, node: string | null, hedged: boolean, bytes: number): void {
+    const attempts = this.exchange !== null ? this.exchange.launched : this.call !== null ? this.call.attempts : 0;
+    this.front.logRequest(this.method, this.logPath, this.route.spec.pattern, this.client, this.startedAt, status, node, attempts, hedged, bytes);
   }
 
   /** @internal inside `res.cork`: the answer (or the failure) in one corked write. */
@@ -313,7 +342,9 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   private reject(status: number, body: string, close: boolean): void {
     this.answered = true;
-    this.front.refuse(this.res, status, body, close, null, this.method === 'HEAD');
+    const head = this.method === 'HEAD';
+    this.front.refuse(this.res, status, body, close, null, head);
+    if (this.front.accessLog !== null) this.log(status, null, false, head ? 0 : body.length);
     this.finish();
   }
 
@@ -388,12 +419,20 @@ export class WorkerFront implements TunnelHost {
   private readonly rankScratch: Int32Array;
   private readonly agent: H1Agent;
   private readonly tunnels: WebSocketTunnels;
+  /** The access log (`--access-log`), or null. */
+  readonly accessLog: AccessLog | null;
+  /**
+   * With the access log on, while `proxy` (or the 404) runs: the request a refusal answers, for
+   * its line (`refuse` writes it).
+   */
+  private refusing: { route: string | null; method: string; path: string; client: string; startedAt: number } | null = null;
 
   constructor(
     private readonly init: WorkerInit,
     private readonly hooks: FrontHooks,
   ) {
     this.uws = loadUws();
+    this.accessLog = init.accessLog === null ? null : new AccessLog(init.accessLog, (message) => process.stderr.write(`lakefront: worker ${init.slot}: ${message}\n`));
     this.maxBodyBytes = init.settings.maxBodyBytes;
     this.hedging = init.settings.hedgeMode !== 'off';
     this.slot = new CounterSlot(init.counters, init.slot, init.nodes.length, true);
@@ -604,6 +643,7 @@ export class WorkerFront implements TunnelHost {
     this.agent.close(true);
     this.histograms.destroy();
     this.slot.flush();
+    await this.accessLog?.close();
     return { abandoned, hints };
   }
 
@@ -618,6 +658,7 @@ export class WorkerFront implements TunnelHost {
    */
   emergencyClose(): void {
     this.slot.flush();
+    this.accessLog?.closeNow();
     this.closeListenSocket();
     this.tunnels.closeAll();
     this.closeApp();
@@ -667,6 +708,7 @@ export class WorkerFront implements TunnelHost {
     // pattern twice: "Internal routing error").
     if (!this.routes.some((r) => r.spec.pattern === '/*')) {
       app.any('/*', (res, req) => {
+        if (this.accessLog !== null) this.mayRefuse(null, req.getCaseSensitiveMethod(), req.getUrl(), res);
         this.refuse(res, 404, JSON.stringify({ error: 'not found' }), this.draining, null, req.getMethod() === 'head');
       });
     }
@@ -749,6 +791,29 @@ export class WorkerFront implements TunnelHost {
   refuse(res: HttpResponse, status: number, body: string, close: boolean, allow: string | null = null, head = false): void {
     this.slot.bump(C_REJECTED);
     replyJson(res, status, body, close, allow, head);
+    const refusing = this.refusing;
+    if (refusing !== null) {
+      this.refusing = null;
+      this.logRequest(refusing.method, refusing.path, refusing.route, refusing.client, refusing.startedAt, status, null, 0, false, head ? 0 : body.length);
+    }
+  }
+
+  /** With the access log on: what a refusal of this request, if one comes, logs. */
+  private mayRefuse(route: string | null, method: string, path: string, res: HttpResponse): void {
+    this.refusing = { route, method, path, client: clientAddress(res), startedAt: performance.now() };
+  }
+
+  /** @internal One line of the access log (which must be on). */
+  logRequest(method: string, path: string, route: string | null, client: string, startedAt: number, status: number, node: string | null, attempts: number, hedged: boolean, bytes: number): void {
+    const us = Math.round((performance.now() - startedAt) * 1000);
+    this.accessLog!.add(
+      `{"time":"${new Date().toISOString()}","client":${asciiJson(client)},"method":${asciiJson(method)},"path":${asciiJson(path)},"route":${route === null ? 'null' : asciiJson(route)},"status":${status},"node":${node === null ? 'null' : asciiJson(node)},"attempts":${attempts},"hedged":${hedged},"bytes":${bytes},"us":${us}}`,
+    );
+  }
+
+  /** Opens the access log's file again (`SIGUSR1`: log rotation). */
+  reopenLog(): void {
+    this.accessLog?.reopen();
   }
 
   private proxy(route: BoundRoute, res: HttpResponse, req: HttpRequest): void {
@@ -759,6 +824,7 @@ export class WorkerFront implements TunnelHost {
     const query = req.getQuery();
     const path = query ? `${url}?${query}` : url;
     const keyHeader = route.spec.keyHeader;
+    if (this.accessLog !== null) this.mayRefuse(route.spec.pattern, method, url, res);
     // One pass over the headers picks out everything the front door reads (no getHeader call
     // per name) and collects what is forwarded.
     const tickets = route.tickets;
@@ -855,6 +921,13 @@ export class WorkerFront implements TunnelHost {
     }
     this.slot.bump(C_REQUESTS);
     const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region);
+    const refusing = this.refusing;
+    if (refusing !== null) {
+      this.refusing = null;
+      request.client = refusing.client;
+      request.logPath = refusing.path;
+      request.startedAt = refusing.startedAt;
+    }
     this.requestStarted(request);
     res.onAborted(() => request.onAborted());
     if (expected === 0) request.start();
@@ -957,4 +1030,9 @@ function scanHeader(name: string, value: string): void {
     return;
   }
   scan.headers.push(name, value);
+}
+
+/** The client's address as text (IPv4 dotted, or IPv6). */
+function clientAddress(res: HttpResponse): string {
+  return Buffer.from(res.getRemoteAddressAsText()).toString('latin1');
 }

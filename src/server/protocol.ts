@@ -129,6 +129,8 @@ export interface WorkerInit {
   readonly versionSalt: number;
   /** Hints an earlier run saved, for this worker to hand over (replicated routes). */
   readonly hints: readonly SavedHint[];
+  /** Where the access log goes (a path, or `-`: standard output), or null: no access log. */
+  readonly accessLog: string | null;
 }
 
 /** A replicated route's hint as it is saved between runs (see `--hints-file`). */
@@ -173,6 +175,8 @@ export type MainMessage =
   | { readonly t: 'adopt-hints'; readonly hints: readonly SavedHint[] }
   /** Close every socket now (in-flight requests are cut) and end the thread. */
   | { readonly t: 'close-now' }
+  /** Open the access log's file again (`SIGUSR1`: log rotation). */
+  | { readonly t: 'reopen-log' }
   /** Fault injection: throw an uncaught exception in the worker (tests, chaos drills). */
   | { readonly t: 'crash' }
   /** Fault injection: keep the worker's thread busy in JavaScript for `ms` (a stuck thread). */

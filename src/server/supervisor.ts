@@ -9,11 +9,12 @@
 import type { AffinitySettings } from '../affinity/tickets.js';
 import { EventEmitter } from 'node:events';
 import { Buffer } from 'node:buffer';
-import { accessSync, constants, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { accessSync, closeSync, constants, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { createServer } from 'node:net';
 import { Worker } from 'node:worker_threads';
 import { ConfigError } from '../errors.js';
+import { openAccessLog } from './access-log.js';
 import { Membership, type MemberConfig } from '../membership/membership.js';
 import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, TableWriter, type NodeRow } from '../membership/table.js';
 import { C_HINTS_EXPIRED, C_HINTS_LOST, CounterSlot, addTotals, counterBytes, endedTotals, readTotals, totalsById, type TotalsById } from '../metrics/counters.js';
@@ -66,6 +67,8 @@ export interface FrontDoorConfig {
    * back from (then deletes the file). Null: hints are dropped at a stop (and counted).
    */
   readonly hintsFile?: string | null;
+  /** Where every worker writes its access log lines (a path, or `-`: standard output). Null: none. */
+  readonly accessLog?: string | null;
 }
 
 /** Appends `items` to the list `map` holds under `key` (made if absent). */
@@ -81,6 +84,8 @@ const WORKER_URL = new URL('../../workers/data-plane.js', import.meta.url);
 const STUCK_GRACE_MS = 5_000;
 /** How long the control plane waits for workers' histograms when answering `/stats`. */
 const COLLECT_TIMEOUT_MS = 1_000;
+/** How long `/stats` waits for a draining predecessor's workers to flush their counts. */
+const PREDECESSOR_COLLECT_MS = 100;
 /** Exit codes from workers/data-plane.ts. */
 const EXIT_CONFIG = 78;
 
@@ -233,6 +238,15 @@ export class FrontDoor extends EventEmitter {
   private async begin(): Promise<void> {
     const config = this.config;
     if (config.hintsFile) this.takeHints(config.hintsFile);
+    if (config.accessLog) {
+      // Each worker opens it for itself; one that cannot is a configuration error, said now.
+      try {
+        const fd = openAccessLog(config.accessLog);
+        if (fd !== 1) closeSync(fd);
+      } catch (err) {
+        throw new ConfigError(`access log ${config.accessLog}: cannot open it for appending (${(err as Error).message})`);
+      }
+    }
     await Promise.all([...this.memberships.map((m) => m.probeOnce()), ...this.leaderProbes.map((p) => p?.probeOnce())]);
     try {
       await this.spawnAll();
@@ -279,6 +293,10 @@ export class FrontDoor extends EventEmitter {
       this.successorStarting = false;
       this.successor = null;
       await next.stop().catch(() => undefined);
+      // Workers of it that listened may have served a few requests: they stay counted here.
+      const served = endedTotals(next.totals());
+      if (this.carried === null) this.carried = served;
+      else addTotals(this.carried, served);
       // Stopped during the reload, its workers handed their hints back for the successor: they
       // are saved (or counted lost) as a stop's are, if the drain got there first.
       if (this.drainDone) this.writeHints();
@@ -370,6 +388,16 @@ export class FrontDoor extends EventEmitter {
     for (const probe of this.leaderProbes) probe?.stop();
   }
 
+  /**
+   * Has every worker open the access log's file again (`SIGUSR1`, after a log rotation moved it),
+   * those of front doors still draining after a reload too.
+   */
+  reopenAccessLog(): void {
+    for (let door: FrontDoor | null = this; door !== null; door = door.predecessor) {
+      for (const handle of door.running()) door.post(handle.worker, { t: 'reopen-log' });
+    }
+  }
+
   /** Tells its workers still running to close their WebSocket tunnels now (1001). */
   private closeTunnels(): void {
     for (const handle of this.running()) this.post(handle.worker, { t: 'close-tunnels' });
@@ -392,7 +420,13 @@ export class FrontDoor extends EventEmitter {
   private totals(): TotalsById {
     const totals = totalsById(readTotals(this.counters, this.counterSlots, this.nodes.length), this.nodes.map((n) => n.id));
     if (this.carried !== null) addTotals(totals, this.carried);
-    if (this.predecessor !== null) addTotals(totals, this.predecessor.totals());
+    const predecessor = this.predecessor;
+    if (predecessor !== null) {
+      const theirs = predecessor.totals();
+      // Hints its stopped workers handed back, held until the hand-over: pending still.
+      theirs.hintsPending += predecessor.stoppedHints.length + [...predecessor.hintsFor.values()].reduce((n, list) => n + list.length, 0);
+      addTotals(totals, theirs);
+    }
     return totals;
   }
 
@@ -401,12 +435,15 @@ export class FrontDoor extends EventEmitter {
    * across reloads; latency histograms are the serving workers' own.
    */
   async stats(): Promise<Record<string, unknown>> {
-    // Asked of an old worker during a reload's drain: answered for the configuration serving.
-    const successor = this.successor;
-    if (successor !== null && !this.successorStarting && successor.stopping === null) return successor.stats();
-    // Draining front doors' workers add their batched counts too (the collection flushes them).
+    // Asked of an old worker during a reload's drain: answered for the configuration serving
+    // (the newest front door, after several reloads).
+    let serving: FrontDoor = this;
+    while (serving.successor !== null && !serving.successorStarting) serving = serving.successor;
+    if (serving !== this) return serving.stats();
+    // Draining front doors' workers add their batched counts too (the collection flushes them);
+    // one that does not answer soon (stuck) is not waited for long.
     const draining: Promise<unknown>[] = [];
-    for (let p = this.predecessor; p !== null; p = p.predecessor) draining.push(p.collect());
+    for (let p = this.predecessor; p !== null; p = p.predecessor) draining.push(p.collect(PREDECESSOR_COLLECT_MS));
     const [encoded] = await Promise.all([this.collect(), ...draining]);
     const totals = this.totals();
     const latency = mergeSummaries(encoded, this.nodes.length);
@@ -688,6 +725,7 @@ export class FrontDoor extends EventEmitter {
       region: this.config.region ?? null,
       versionSalt: this.versionSalt,
       hints: this.hintsFor.get(slot) ?? [],
+      accessLog: this.config.accessLog ?? null,
     };
     const worker = new Worker(WORKER_URL, { workerData: init, stderr: false, stdout: false });
     const previous = this.workers.get(slot);
@@ -785,13 +823,13 @@ export class FrontDoor extends EventEmitter {
   }
 
   /** Gathers every live worker's encoded histograms (or what arrived within the timeout). */
-  private collect(): Promise<(string | null)[][]> {
+  private collect(timeoutMs = COLLECT_TIMEOUT_MS): Promise<(string | null)[][]> {
     const id = this.nextCollectionId++;
     const encoded: (string | null)[][] = [];
     const waiting = new Set(this.running().map((h) => h.slot));
     if (waiting.size === 0) return Promise.resolve(encoded);
     return new Promise((resolve) => {
-      const timer = setTimeout(() => finish(), COLLECT_TIMEOUT_MS);
+      const timer = setTimeout(() => finish(), timeoutMs);
       const finish = (): void => {
         clearTimeout(timer);
         this.collections.delete(id);

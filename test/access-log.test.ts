@@ -1,0 +1,236 @@
+/**
+ * The access log (`--access-log`): a JSON line for each request a route took and each 404,
+ * written by every worker thread to one file; nothing secret in it; reopened on SIGUSR1.
+ */
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { chmodSync, existsSync, mkdtempSync, readFileSync, renameSync, rmSync } from 'node:fs';
+import { connect } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { after, before, describe, it } from 'node:test';
+import { AccessLog, asciiJson } from '../src/server/access-log.js';
+import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
+import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
+import { startNodes, type FakeNode } from './fixtures/fake-node.js';
+import { call, ranking, rpc, waitForLine } from './fixtures/http.js';
+
+interface Line {
+  time: string;
+  client: string;
+  method: string;
+  path: string;
+  route: string | null;
+  status: number;
+  node: string | null;
+  attempts: number;
+  hedged: boolean;
+  bytes: number;
+  us: number;
+}
+
+/** The file's lines, each parsed (a line that is not JSON fails the test). */
+function linesOf(file: string): Line[] {
+  const text = readFileSync(file, 'utf8');
+  assert.ok(text === '' || text.endsWith('\n'), 'every line ends with a newline');
+  return text
+    .split('\n')
+    .filter((l) => l !== '')
+    .map((l) => JSON.parse(l) as Line);
+}
+
+let dir: string;
+before(() => {
+  dir = mkdtempSync(join(tmpdir(), 'lakefront-access-'));
+});
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+describe('access log writer', () => {
+  it('writes every line added, in order, whole, by its close', async () => {
+    const file = join(dir, 'writer.log');
+    const errors: string[] = [];
+    const log = new AccessLog(file, (m) => errors.push(m));
+    // More than a batch (64 KiB), so some go out before the close and the rest with it.
+    for (let i = 0; i < 2000; i++) log.add(JSON.stringify({ i, pad: 'x'.repeat(60) }));
+    await log.close();
+    const lines = readFileSync(file, 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { i: number }).i);
+    assert.deepEqual(lines, Array.from({ length: 2000 }, (_, i) => i));
+    assert.deepEqual(errors, []);
+    log.add('{"after":"close"}');
+    assert.equal(readFileSync(file, 'utf8').includes('after'), false, 'nothing is written after the close');
+  });
+
+  it('opens the file again on reopen (log rotation); one it cannot open leaves it on the old file, said', async () => {
+    const file = join(dir, 'rotate.log');
+    const errors: string[] = [];
+    const log = new AccessLog(file, (m) => errors.push(m));
+    log.add('{"n":1}');
+    await log.close();
+    const second = new AccessLog(file, (m) => errors.push(m));
+    second.add('{"n":2}');
+    renameSync(file, `${file}.1`);
+    second.reopen();
+    second.add('{"n":3}');
+    // A directory in its place: the next reopen fails, and lines keep going to the file open.
+    const blocked = join(dir, 'blocked');
+    const third = new AccessLog(blocked, (m) => errors.push(m));
+    renameSync(blocked, `${blocked}.old`);
+    chmodSync(dir, 0o500);
+    try {
+      third.reopen();
+    } finally {
+      chmodSync(dir, 0o700);
+    }
+    third.add('{"n":4}');
+    await Promise.all([second.close(), third.close()]);
+    // As root the directory stays writable: the reopen then succeeds, and the line is in the new file.
+    const reopened = existsSync(blocked);
+    assert.equal(readFileSync(`${file}.1`, 'utf8'), '{"n":1}\n{"n":2}\n', 'lines before the reopen stay in the moved file');
+    assert.equal(readFileSync(file, 'utf8'), '{"n":3}\n');
+    if (reopened) {
+      assert.equal(readFileSync(blocked, 'utf8'), '{"n":4}\n');
+      assert.deepEqual(errors, []);
+    } else {
+      assert.equal(readFileSync(`${blocked}.old`, 'utf8'), '{"n":4}\n');
+      assert.equal(errors.length, 1);
+      assert.match(errors[0]!, /cannot open it again .*still writing to the file open before/);
+    }
+  });
+
+  it('escapes every character past ASCII, so a line has as many bytes as characters', () => {
+    const json = asciiJson('/caf\u00e9/\u{1f600}"\n');
+    assert.equal(json, '"/caf\\u00e9/\\ud83d\\ude00\\"\\n"');
+    assert.equal(JSON.parse(json), '/caf\u00e9/\u{1f600}"\n');
+    assert.equal(Buffer.byteLength(json), json.length);
+  });
+});
+
+describe('access log of a front door', () => {
+  let nodes: FakeNode[];
+  before(async () => {
+    nodes = await startNodes('al-a', 'al-b');
+  });
+  after(async () => {
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  function config(file: string): FrontDoorConfig {
+    return {
+      host: '127.0.0.1',
+      port: 0,
+      threads: 2,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [RPC_ROUTE],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      accessLog: file,
+      // No grace for a cancelled attempt: a client that goes closes its node's connection at once.
+      settings: defaultSettings({ hedgeDelayMs: 60_000, cancelGraceMs: 0 }),
+    };
+  }
+
+  it('has a line for each answer (proxied, refused, failed, 404, client gone), from both threads, with no header, query or key in it', async () => {
+    const file = join(dir, 'door.log');
+    const door = await FrontDoor.start(config(file));
+    const b = nodes[1]!;
+    let stopped = false;
+    try {
+      const boardOn = async (id: string): Promise<string> => {
+        for (let i = 0; ; i++) if ((await ranking(door.url, `al-${i}`))[0] === id) return `al-${i}`;
+      };
+      const toA = await boardOn('al-a');
+      const toB = await boardOn('al-b');
+      const secret = 'Bearer very-secret-token';
+      const ok = await call(`${door.url}/rpc/query.execute?token=query-secret`, { method: 'POST', body: '{"q":1}', headers: { 'x-lakefront-board': toA, authorization: secret } });
+      assert.equal(ok.status, 200);
+      // Many more over fresh connections, so both worker threads take some.
+      for (let i = 0; i < 20; i++) assert.equal((await rpc(door.url, 'query.execute', toB, { fresh: true })).status, 200);
+      assert.equal((await call(`${door.url}/rpc/query.execute`, { method: 'POST', body: '{}' })).status, 401);
+      assert.equal((await call(`${door.url}/elsewhere`)).status, 404);
+      // A node that resets: a bare write fails once (outcome unknown).
+      b.behaviour = { kind: 'reset' };
+      assert.equal((await rpc(door.url, 'board.append', toB)).status, 502);
+      // A client that goes away before its answer.
+      b.behaviour = { kind: 'hang' };
+      const socket = connect(door.port, '127.0.0.1');
+      await once(socket, 'connect');
+      socket.write(`POST /rpc/board.append HTTP/1.1\r\nhost: x\r\nx-lakefront-board: ${toB}\r\ncontent-length: 2\r\n\r\n{}`);
+      await b.waitForRequests(b.received.length + 1);
+      const abandoned = once(b, 'abandoned');
+      socket.destroy();
+      await abandoned;
+      b.behaviour = { kind: 'answer' };
+      await door.stop();
+      stopped = true;
+      const text = readFileSync(file, 'utf8');
+      assert.doesNotMatch(text, /very-secret-token|query-secret|authorization/i);
+      assert.equal(text.includes(toA), false, 'no routing key');
+      const lines = linesOf(file);
+      assert.equal(lines.length, 1 + 20 + 1 + 1 + 1 + 1, JSON.stringify(lines));
+      const first = lines.find((l) => l.method === 'POST' && l.path === '/rpc/query.execute' && l.status === 200 && l.node === 'al-a')!;
+      assert.ok(first, JSON.stringify(lines));
+      assert.equal(first.client, '127.0.0.1');
+      assert.equal(first.route, '/rpc/*');
+      assert.equal(first.attempts, 1);
+      assert.equal(first.hedged, false);
+      assert.ok(first.bytes > 0 && first.us > 0);
+      assert.ok(Math.abs(Date.parse(first.time) - Date.now()) < 60_000, first.time);
+      assert.equal(lines.filter((l) => l.status === 200 && l.node === 'al-b').length, 20);
+      assert.deepEqual(
+        lines.filter((l) => l.status !== 200).map((l) => [l.status, l.path, l.route, l.node, l.attempts]).sort(),
+        [
+          [401, '/rpc/query.execute', '/rpc/*', null, 0],
+          [404, '/elsewhere', null, null, 0],
+          [499, '/rpc/board.append', '/rpc/*', null, 1],
+          [502, '/rpc/board.append', '/rpc/*', null, 1],
+        ],
+      );
+    } finally {
+      if (!stopped) await door.stop();
+      for (const n of nodes) n.behaviour = { kind: 'answer' };
+    }
+  });
+
+  it('a file it cannot open stops the start with its reason', async () => {
+    await assert.rejects(FrontDoor.start(config(join(dir, 'missing-dir', 'x.log'))), /access log .*missing-dir\/x\.log: cannot open it for appending \(ENOENT/);
+  });
+});
+
+describe('access log of the lakefront command', () => {
+  it('is opened again on SIGUSR1 (logrotate), and a bad path stops start-up with one line', async () => {
+    const [node] = await startNodes('al-cli');
+    const file = join(dir, 'cli.log');
+    const cli = fileURLToPath(new URL('../src/cli.js', import.meta.url));
+    const child = spawn(process.execPath, [cli, '--port', '0', '--threads', '2', '--host', '127.0.0.1', '--nodes', `al-cli=${node!.url}`, '--access-log', file], { stdio: ['ignore', 'pipe', 'pipe'] });
+    try {
+      const [, url] = await waitForLine(child, /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+      assert.equal((await rpc(url!, 'query.execute', 'before')).status, 200);
+      renameSync(file, `${file}.1`);
+      child.kill('SIGUSR1');
+      // The file is made again as the workers open it; after that, requests land in it.
+      let sent = 1;
+      for (let i = 0; i < 200 && !existsSync(file); i++, sent++) assert.equal((await rpc(url!, 'query.execute', `after-${i}`, { fresh: true })).status, 200);
+      assert.ok(existsSync(file), 'the file is opened again');
+      for (let i = 0; i < 10; i++, sent++) assert.equal((await rpc(url!, 'query.execute', `then-${i}`, { fresh: true })).status, 200);
+      child.kill('SIGTERM');
+      await once(child, 'exit');
+      assert.equal(child.exitCode, 0);
+      const moved = linesOf(`${file}.1`);
+      const now = linesOf(file);
+      assert.equal(moved[0]!.path, '/rpc/query.execute');
+      assert.equal(moved.length + now.length, sent, 'every request has its line, in one file or the other');
+      assert.ok(now.length >= 10, `${now.length} lines in the file opened again`);
+    } finally {
+      if (child.exitCode === null) child.kill('SIGKILL');
+      await node!.stop();
+    }
+    const bad = spawn(process.execPath, [cli, '--port', '0', '--nodes', 'x=http://127.0.0.1:9', '--access-log', join(dir, 'nope', 'x.log')], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stderr = '';
+    bad.stderr!.on('data', (c: Buffer) => (stderr += c.toString()));
+    await once(bad, 'exit');
+    assert.equal(bad.exitCode, 2, stderr);
+    assert.match(stderr.trim(), /^lakefront: access log .*nope\/x\.log: cannot open it for appending \(ENOENT[^\n]*$/);
+  });
+});
