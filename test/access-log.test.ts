@@ -3,9 +3,9 @@
  * written by every worker thread to one file; nothing secret in it; reopened on SIGUSR1.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync } from 'node:fs';
+import { execFileSync, spawn } from 'node:child_process';
+import { closeSync, constants, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, renameSync, rmSync } from 'node:fs';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -89,6 +89,28 @@ describe('access log writer', () => {
     assert.match(errors[0]!, /blocked: cannot open it again \(EISDIR.*\); still writing to the file open before/);
   });
 
+  it('does not hold a stop for an output that takes nothing (a pipe nobody reads): drops what waits beyond 8 MiB, and says so', async () => {
+    const fifo = join(dir, 'stalled.fifo');
+    execFileSync('mkfifo', [fifo]);
+    // A reader that never reads: the writer's open does not block, and its writes fill the pipe.
+    const reader = openSync(fifo, constants.O_RDONLY | constants.O_NONBLOCK);
+    const errors: string[] = [];
+    try {
+      const log = new AccessLog(fifo, (m) => errors.push(m));
+      const line = JSON.stringify({ pad: 'y'.repeat(90) });
+      for (let i = 0; i < 100_000; i++) log.add(line);
+      await log.close();
+    } finally {
+      closeSync(reader);
+    }
+    assert.equal(errors.length, 3, errors.join('\n'));
+    assert.match(errors[0]!, /8388608 bytes of lines wait for the output; lines are dropped/);
+    assert.match(errors[1]!, /the output took nothing for 1000 ms; the lines still waiting were dropped/);
+    const dropped = Number(/(\d+) line\(s\) were dropped/.exec(errors[2]!)?.[1]);
+    // 100,000 lines of 101 bytes: what is past 8 MiB (and the pipe's 64 KiB) is dropped.
+    assert.ok(dropped > 100_000 - Math.ceil((8 * 1024 * 1024) / 101) - 1000 && dropped < 100_000, errors[2]);
+  });
+
   it('escapes every character past ASCII, so a line has as many bytes as characters', () => {
     const json = asciiJson('/caf\u00e9/\u{1f600}"\n');
     assert.equal(json, '"/caf\\u00e9/\\ud83d\\ude00\\"\\n"');
@@ -112,7 +134,7 @@ describe('access log of a front door', () => {
       port: 0,
       threads: 2,
       clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [RPC_ROUTE],
+      routes: [RPC_ROUTE, { pattern: '/kv/*', cluster: 'default', policy: 'ring', keyHeader: null, quorum: { n: 2, w: 2, r: 2, consistency: 'quorum', sloppy: false, hintWindowMs: 60_000, maxHintBytes: 1 << 20 } }],
       healthIntervalMs: 60_000,
       healthTimeoutMs: 500,
       accessLog: file,
@@ -139,6 +161,13 @@ describe('access log of a front door', () => {
       for (let i = 0; i < 20; i++) assert.equal((await rpc(door.url, 'query.execute', toB, { fresh: true })).status, 200);
       assert.equal((await call(`${door.url}/rpc/query.execute`, { method: 'POST', body: '{}' })).status, 401);
       assert.equal((await call(`${door.url}/elsewhere`)).status, 404);
+      // A path too long for a line under 4 KiB is cut, and marked so.
+      assert.equal((await call(`${door.url}/${'x'.repeat(3000)}`)).status, 404);
+      // A replicated write every replica resets: its line has the failure's status and body.
+      for (const n of nodes) n.behaviour = { kind: 'reset' };
+      const failedWrite = await call(`${door.url}/kv/k`, { method: 'PUT', body: 'v' });
+      assert.equal(failedWrite.status, 502);
+      for (const n of nodes) n.behaviour = { kind: 'answer' };
       // A node that resets: a bare write fails once (outcome unknown).
       b.behaviour = { kind: 'reset' };
       assert.equal((await rpc(door.url, 'board.append', toB)).status, 502);
@@ -158,7 +187,7 @@ describe('access log of a front door', () => {
       assert.doesNotMatch(text, /very-secret-token|query-secret|authorization/i);
       assert.equal(text.includes(toA), false, 'no routing key');
       const lines = linesOf(file);
-      assert.equal(lines.length, 1 + 20 + 1 + 1 + 1 + 1, JSON.stringify(lines));
+      assert.equal(lines.length, 1 + 20 + 1 + 1 + 1 + 1 + 1 + 1, JSON.stringify(lines));
       const first = lines.find((l) => l.method === 'POST' && l.path === '/rpc/query.execute' && l.status === 200 && l.node === 'al-a')!;
       assert.ok(first, JSON.stringify(lines));
       assert.equal(first.client, '127.0.0.1');
@@ -169,14 +198,20 @@ describe('access log of a front door', () => {
       assert.ok(Math.abs(Date.parse(first.time) - Date.now()) < 60_000, first.time);
       assert.equal(lines.filter((l) => l.status === 200 && l.node === 'al-b').length, 20);
       assert.deepEqual(
-        lines.filter((l) => l.status !== 200).map((l) => [l.status, l.path, l.route, l.node, l.attempts]).sort(),
+        lines.filter((l) => l.status !== 200).map((l) => [l.status, l.path.slice(0, 20), l.route, l.node, l.attempts, l.bytes > 0]).sort(),
         [
-          [401, '/rpc/query.execute', '/rpc/*', null, 0],
-          [404, '/elsewhere', null, null, 0],
-          [499, '/rpc/board.append', '/rpc/*', null, 1],
-          [502, '/rpc/board.append', '/rpc/*', null, 1],
+          [401, '/rpc/query.execute', '/rpc/*', null, 0, true],
+          [404, '/elsewhere', null, null, 0, true],
+          [404, `/${'x'.repeat(19)}`, null, null, 0, true],
+          [499, '/rpc/board.append', '/rpc/*', null, 1, false],
+          [502, '/kv/k', '/kv/*', null, 2, true],
+          [502, '/rpc/board.append', '/rpc/*', null, 1, true],
         ],
       );
+      const cut = lines.find((l) => l.path.startsWith('/xxx'))! as Line & { truncated?: boolean };
+      assert.equal(cut.path.length, 256);
+      assert.equal(cut.truncated, true);
+      assert.equal(lines.find((l) => l.path === '/kv/k')!.bytes, Buffer.byteLength(failedWrite.text));
     } finally {
       if (!stopped) await door.stop();
       for (const n of nodes) n.behaviour = { kind: 'answer' };

@@ -7,7 +7,7 @@
  * worker's stop writes what is left before it ends. A line holds no header, no query string and
  * no routing key: nothing secret.
  */
-import { closeSync, openSync, write, writeSync } from 'node:fs';
+import { closeSync, fstatSync, openSync, write, writeSync } from 'node:fs';
 
 /** `--access-log -`: standard output. */
 export const STDOUT = '-';
@@ -20,6 +20,10 @@ const PIPE_BATCH_BYTES = 4096;
 const FILE_BATCH_BYTES = 64 * 1024;
 /** A full pipe (EAGAIN): try again after this long. */
 const RETRY_MS = 10;
+/** Lines waiting beyond this (the output does not take them) are dropped, and counted. */
+const MAX_QUEUED_BYTES = 8 * 1024 * 1024;
+/** How long a stop waits for an output that takes nothing. */
+const CLOSE_WAIT_MS = 1_000;
 
 /**
  * A string as JSON, every character past ASCII escaped: a line's length in characters is its
@@ -39,29 +43,43 @@ export function openAccessLog(path: string): number {
 
 export class AccessLog {
   private fd: number;
-  private lines: string[] = [];
-  private waiting = 0;
+  /** Lines waiting, each with its newline (one string: appending is cheap, flattened at a write). */
+  private text = '';
   private writing = false;
   private timer: NodeJS.Timeout | null = null;
   private reopenWanted = false;
   private closed = false;
+  /** The close gave up on a write that could not go on (a reader that stopped reading). */
+  private abandoned = false;
   private idle: (() => void) | null = null;
+  /** Lines dropped since the last report (the queue was full: the output is not being read). */
+  private dropped = 0;
   private readonly batchBytes: number;
+  /** A regular file (not a pipe): a synchronous write to it cannot wait for a reader. */
+  private regular: boolean;
 
   constructor(
     readonly path: string,
     private readonly report: (message: string) => void,
   ) {
     this.fd = openAccessLog(path);
+    this.regular = fstatSync(this.fd).isFile();
     this.batchBytes = path === STDOUT ? PIPE_BATCH_BYTES : FILE_BATCH_BYTES;
   }
 
-  /** Adds one line (JSON, without its newline); written within FLUSH_MS. */
+  /**
+   * Adds one line (JSON, without its newline; ASCII, as `asciiJson` makes it, so characters
+   * count bytes); written within FLUSH_MS. With MAX_QUEUED_BYTES waiting (nothing reads the
+   * output) it is dropped, and counted.
+   */
   add(line: string): void {
     if (this.closed) return;
-    this.lines.push(line);
-    this.waiting += line.length + 1;
-    if (this.waiting >= this.batchBytes) this.flush();
+    if (this.text.length >= MAX_QUEUED_BYTES) {
+      if (this.dropped++ === 0) this.report(`access log ${this.path}: ${MAX_QUEUED_BYTES} bytes of lines wait for the output; lines are dropped until it takes them (counted)`);
+      return;
+    }
+    this.text += `${line}\n`;
+    if (this.text.length >= this.batchBytes) this.flush();
     else if (this.timer === null) this.timer = setTimeout(this.onTimer, FLUSH_MS).unref();
   }
 
@@ -75,26 +93,72 @@ export class AccessLog {
     this.reopenWanted = true;
     if (this.writing) return;
     this.clearTimer();
-    this.writeAllSync();
+    // Into the file open until now: at once if it is a file (a pipe, by its path, could block).
+    if (this.regular) this.writeAllSync();
     this.swapFile();
   }
 
-  /** Writes what is left and closes the file (a worker's stop). */
+  /**
+   * Writes what is left and closes the file (a worker's stop). An output that takes nothing for
+   * CLOSE_WAIT_MS (a pipe nobody reads) does not hold the stop: what it did not take is dropped,
+   * and said.
+   */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
     this.clearTimer();
-    if (this.writing) await new Promise<void>((resolve) => (this.idle = resolve));
-    this.writeAllSync();
-    if (this.fd !== 1) closeSync(this.fd);
+    const deadline = Date.now() + CLOSE_WAIT_MS;
+    while (this.writing || this.text.length > 0) {
+      if (!this.writing) this.writeBuffer(this.take());
+      const left = deadline - Date.now();
+      if (left <= 0 || !(await this.whenIdle(left))) {
+        this.abandoned = true;
+        this.text = '';
+        this.report(`access log ${this.path}: the output took nothing for ${CLOSE_WAIT_MS} ms; the lines still waiting were dropped`);
+        break;
+      }
+    }
+    this.reportDropped();
+    // A write still under way (given up on) keeps its descriptor.
+    if (this.fd !== 1 && !this.abandoned) closeSync(this.fd);
   }
 
-  /** A dying thread's last resort: whatever is waiting, written now. */
+  /**
+   * A dying thread's last resort: whatever is waiting, written now, to a file or standard output
+   * (non-blocking there: a full pipe is waited for, up to CLOSE_WAIT_MS); a pipe opened by its
+   * path could block the thread for good, so what waits for one is dropped (and said).
+   */
   closeNow(): void {
     if (this.closed) return;
     this.closed = true;
     this.clearTimer();
-    this.writeAllSync();
+    if (this.regular || this.path === STDOUT) this.writeAllSync();
+    else if (this.text.length > 0) {
+      this.text = '';
+      this.report(`access log ${this.path}: the lines still waiting were dropped (the thread ended)`);
+    }
+    this.reportDropped();
+  }
+
+  /** Resolves true once no write is under way, false after `ms` with one still under way. */
+  private whenIdle(ms: number): Promise<boolean> {
+    if (!this.writing) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.idle = null;
+        resolve(false);
+      }, ms);
+      this.idle = () => {
+        clearTimeout(timer);
+        this.idle = null;
+        resolve(true);
+      };
+    });
+  }
+
+  private reportDropped(): void {
+    if (this.dropped > 0) this.report(`access log ${this.path}: ${this.dropped} line(s) were dropped while the output did not take them`);
+    this.dropped = 0;
   }
 
   private readonly onTimer = (): void => {
@@ -111,26 +175,28 @@ export class AccessLog {
 
   private flush(): void {
     this.clearTimer();
-    if (this.writing || this.lines.length === 0) return;
+    if (this.writing || this.text.length === 0) return;
     this.writeBuffer(this.take());
   }
 
-  /** The waiting lines, up to a batch (at least one line), as one buffer. */
+  /** The waiting lines, whole, up to a batch (at least one line), as one buffer. */
   private take(): Buffer {
-    let count = 0;
-    let size = 0;
-    while (count < this.lines.length && (count === 0 || size + this.lines[count]!.length + 1 <= this.batchBytes)) {
-      size += this.lines[count]!.length + 1;
-      count++;
+    const text = this.text;
+    let cut = text.length;
+    if (cut > this.batchBytes) {
+      cut = text.lastIndexOf('\n', this.batchBytes - 1) + 1;
+      // A line longer than a batch goes alone.
+      if (cut === 0) cut = text.indexOf('\n') + 1;
     }
-    const batch = this.lines.splice(0, count);
-    this.waiting -= size;
-    return Buffer.from(`${batch.join('\n')}\n`);
+    this.text = cut === text.length ? '' : text.slice(cut);
+    return Buffer.from(cut === text.length ? text : text.slice(0, cut), 'latin1');
   }
 
   private writeBuffer(buffer: Buffer): void {
     this.writing = true;
     write(this.fd, buffer, 0, buffer.length, null, (err, written) => {
+      if (this.abandoned) return;
+      // Standard output is non-blocking when it is a pipe: a full one is tried again shortly.
       if (err && (err as NodeJS.ErrnoException).code === 'EAGAIN') {
         setTimeout(() => this.writeBuffer(buffer), RETRY_MS).unref();
         return;
@@ -143,13 +209,12 @@ export class AccessLog {
       this.writing = false;
       if (this.reopenWanted) this.swapFile();
       if (this.idle !== null) {
-        const idle = this.idle;
-        this.idle = null;
-        idle();
+        this.idle();
         return;
       }
-      if (this.waiting >= this.batchBytes) this.flush();
-      else if (this.lines.length > 0 && this.timer === null) this.timer = setTimeout(this.onTimer, FLUSH_MS).unref();
+      if (this.dropped > 0 && this.text.length < MAX_QUEUED_BYTES / 2) this.reportDropped();
+      if (this.text.length >= this.batchBytes) this.flush();
+      else if (this.text.length > 0 && this.timer === null) this.timer = setTimeout(this.onTimer, FLUSH_MS).unref();
     });
   }
 
@@ -164,25 +229,30 @@ export class AccessLog {
     }
     const old = this.fd;
     this.fd = fd;
+    this.regular = fstatSync(fd).isFile();
     closeSync(old);
   }
 
+  /** Writes every waiting line now; a full pipe is waited for, up to CLOSE_WAIT_MS in all. */
   private writeAllSync(): void {
-    while (this.lines.length > 0) {
+    const deadline = Date.now() + CLOSE_WAIT_MS;
+    while (this.text.length > 0) {
       const buffer = this.take();
-      let at = 0;
-      // A full pipe: a bounded number of tries, then the rest is given up (and said).
-      for (let tries = 0; at < buffer.length; ) {
+      for (let at = 0; at < buffer.length; ) {
         try {
           at += writeSync(this.fd, buffer, at);
         } catch (err) {
-          if ((err as NodeJS.ErrnoException).code !== 'EAGAIN' || ++tries > 100) {
+          if ((err as NodeJS.ErrnoException).code !== 'EAGAIN' || Date.now() >= deadline) {
             this.report(`access log ${this.path}: ${(err as Error).message} (lines were lost)`);
-            this.lines.length = 0;
+            this.text = '';
             return;
           }
+          Atomics.wait(PAUSE, 0, 0, 1);
         }
       }
     }
   }
 }
+
+/** Waited on (never woken) to pause a thread for a millisecond between tries at a full pipe. */
+const PAUSE = new Int32Array(new SharedArrayBuffer(4));

@@ -63,11 +63,16 @@ function replyJson(res: HttpResponse, status: number, body: string, close = fals
  * client would take it for a next answer), only its length; one that should close says so, and
  * the client closes (see endHeadAnswer).
  */
-function endJson(res: HttpResponse, body: string, close: boolean, head: boolean): void {
+/** Ends an answer with a JSON body (none for HEAD); returns the body bytes sent. */
+function endJson(res: HttpResponse, body: string, close: boolean, head: boolean): number {
+  const bytes = Buffer.byteLength(body);
   if (head) {
-    res.writeHeader('content-length', String(Buffer.byteLength(body)));
+    res.writeHeader('content-length', String(bytes));
     endHeadAnswer(res, close);
-  } else res.end(body, close);
+    return 0;
+  }
+  res.end(body, close);
+  return bytes;
 }
 
 /**
@@ -123,13 +128,10 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   private ticketKept = false;
   /** The body passed the limit: the rest is being read and dropped. */
   private overflowed = false;
-  /**
-   * With the access log on: the client's address, the path without its query (which may carry a
-   * token), and when the request came (performance.now()).
-   */
-  client = '';
-  logPath = '';
-  startedAt = 0;
+  /** With the access log on: what its line needs from the request's arrival (else null). */
+  arrival: Arrival | null = null;
+  /** The body of a failure answer, in bytes (for the access log). */
+  private failureBytes = 0;
 
   constructor(
     private readonly front: WorkerFront,
@@ -156,7 +158,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   onAborted(): void {
     this.aborted = true;
     // As nginx logs it: 499, the client closed the connection before its answer.
-    if (!this.answered && this.front.accessLog !== null) this.log(499, null, false, 0);
+    if (!this.answered && this.arrival !== null) this.log(499, null, false, 0);
     this.exchange?.cancel();
     this.finish();
   }
@@ -254,7 +256,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     corked = this;
     this.res.cork(writeCorked);
     corked = null;
-    if (this.front.accessLog !== null) this.logAnswer();
+    if (this.arrival !== null) this.logAnswer();
     this.finish();
   }
 
@@ -264,16 +266,19 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const ids = this.route.runtime.ids;
     const head = this.method === 'HEAD';
     if (call !== null) {
-      this.log(call.status, call.failure === null ? ids[call.servedBy]! : null, false, head || call.body === null ? 0 : call.body.length);
+      const failure = call.failure;
+      if (failure !== null) this.log(failure.status, null, false, this.failureBytes);
+      else this.log(call.status, ids[call.servedBy]!, false, head || call.body === null ? 0 : call.body.length);
       return;
     }
     const exchange = this.exchange!;
-    this.log(exchange.status, exchange.winner < 0 ? null : ids[exchange.servedBy]!, exchange.hedged, head || exchange.body === null ? 0 : exchange.body.length);
+    if (exchange.failure !== null) this.log(exchange.failure.status, null, exchange.hedged, this.failureBytes);
+    else this.log(exchange.status, ids[exchange.servedBy]!, exchange.hedged, head || exchange.body === null ? 0 : exchange.body.length);
   }
 
   private log(status: number, node: string | null, hedged: boolean, bytes: number): void {
     const attempts = this.exchange !== null ? this.exchange.launched : this.call !== null ? this.call.attempts : 0;
-    this.front.logRequest(this.method, this.logPath, this.route.spec.pattern, this.client, this.startedAt, status, node, attempts, hedged, bytes);
+    this.front.logRequest(this.arrival!, status, node, attempts, hedged, bytes);
   }
 
   /** @internal inside `res.cork`: the answer (or the failure) in one corked write. */
@@ -294,7 +299,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
         .writeStatus(statusBytes(failure.status))
         .writeHeader('content-type', JSON_TYPE)
         .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0');
-      endJson(res, errorBody(failure.message, failure.code, { attempted }), close, this.method === 'HEAD');
+      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, { attempted }), close, this.method === 'HEAD');
       return;
     }
     // uWS writes `200 OK` itself when no status was written: one native call fewer for most.
@@ -318,7 +323,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const runtime = this.route.runtime;
     if (failure !== null) {
       res.writeStatus(statusBytes(failure.status)).writeHeader('content-type', JSON_TYPE);
-      endJson(res, errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close, this.method === 'HEAD');
+      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close, this.method === 'HEAD');
       return;
     }
     runtime.won(call.servedBy);
@@ -344,7 +349,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     this.answered = true;
     const head = this.method === 'HEAD';
     this.front.refuse(this.res, status, body, close, null, head);
-    if (this.front.accessLog !== null) this.log(status, null, false, head ? 0 : body.length);
+    if (this.arrival !== null) this.log(status, null, false, head ? 0 : body.length);
     this.finish();
   }
 
@@ -423,9 +428,9 @@ export class WorkerFront implements TunnelHost {
   readonly accessLog: AccessLog | null;
   /**
    * With the access log on, while `proxy` (or the 404) runs: the request a refusal answers, for
-   * its line (`refuse` writes it).
+   * its line (`refuse` writes it); a request proxied takes it.
    */
-  private refusing: { route: string | null; method: string; path: string; client: string; startedAt: number } | null = null;
+  private refusing: Arrival | null = null;
 
   constructor(
     private readonly init: WorkerInit,
@@ -658,10 +663,11 @@ export class WorkerFront implements TunnelHost {
    */
   emergencyClose(): void {
     this.slot.flush();
-    this.accessLog?.closeNow();
     this.closeListenSocket();
     this.tunnels.closeAll();
     this.closeApp();
+    // After the app: requests its close cut short have their lines (499) too.
+    this.accessLog?.closeNow();
   }
 
   private closeListenSocket(): void {
@@ -794,7 +800,7 @@ export class WorkerFront implements TunnelHost {
     const refusing = this.refusing;
     if (refusing !== null) {
       this.refusing = null;
-      this.logRequest(refusing.method, refusing.path, refusing.route, refusing.client, refusing.startedAt, status, null, 0, false, head ? 0 : body.length);
+      this.logRequest(refusing, status, null, 0, false, head ? 0 : body.length);
     }
   }
 
@@ -804,12 +810,32 @@ export class WorkerFront implements TunnelHost {
   }
 
   /** @internal One line of the access log (which must be on). */
-  logRequest(method: string, path: string, route: string | null, client: string, startedAt: number, status: number, node: string | null, attempts: number, hedged: boolean, bytes: number): void {
+  logRequest(arrival: Arrival, status: number, node: string | null, attempts: number, hedged: boolean, bytes: number): void {
+    const { route, method, path, client, startedAt } = arrival;
     const us = Math.round((performance.now() - startedAt) * 1000);
+    const j = this.logJson;
     this.accessLog!.add(
-      `{"time":"${new Date().toISOString()}","client":${asciiJson(client)},"method":${asciiJson(method)},"path":${asciiJson(path)},"route":${route === null ? 'null' : asciiJson(route)},"status":${status},"node":${node === null ? 'null' : asciiJson(node)},"attempts":${attempts},"hedged":${hedged},"bytes":${bytes},"us":${us}}`,
+      `{"time":"${j.time()}","client":${j.client.of(client)},"method":${j.method.of(method)},"path":${logPath(path)},"route":${route === null ? 'null' : j.route.of(route)},"status":${status},"node":${node === null ? 'null' : j.node.of(node)},"attempts":${attempts},"hedged":${hedged},"bytes":${bytes},"us":${us}}`,
     );
   }
+
+  /** The access log's fields that repeat from line to line, each made once while it does. */
+  private readonly logJson = {
+    client: new LastJson(),
+    method: new LastJson(),
+    route: new LastJson(),
+    node: new LastJson(),
+    ms: -1,
+    iso: '',
+    time(): string {
+      const now = Date.now();
+      if (now !== this.ms) {
+        this.ms = now;
+        this.iso = new Date(now).toISOString();
+      }
+      return this.iso;
+    },
+  };
 
   /** Opens the access log's file again (`SIGUSR1`: log rotation). */
   reopenLog(): void {
@@ -921,12 +947,9 @@ export class WorkerFront implements TunnelHost {
     }
     this.slot.bump(C_REQUESTS);
     const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region);
-    const refusing = this.refusing;
-    if (refusing !== null) {
+    if (this.refusing !== null) {
+      request.arrival = this.refusing;
       this.refusing = null;
-      request.client = refusing.client;
-      request.logPath = refusing.path;
-      request.startedAt = refusing.startedAt;
     }
     this.requestStarted(request);
     res.onAborted(() => request.onAborted());
@@ -1030,6 +1053,42 @@ function scanHeader(name: string, value: string): void {
     return;
   }
   scan.headers.push(name, value);
+}
+
+/** A request as the access log sees it when it comes (`route` null: no route took it, a 404). */
+interface Arrival {
+  readonly route: string | null;
+  readonly method: string;
+  /** Without its query, which may carry a token. */
+  readonly path: string;
+  /** The client's address. */
+  readonly client: string;
+  /** performance.now() at its arrival. */
+  readonly startedAt: number;
+}
+
+/**
+ * A path as the access log writes it: cut to its first LOG_PATH_CHARS characters (and marked so)
+ * when longer, so a line stays under 4 KiB, which lands whole in a pipe.
+ */
+function logPath(path: string): string {
+  return path.length <= LOG_PATH_CHARS ? asciiJson(path) : `${asciiJson(path.slice(0, LOG_PATH_CHARS))},"truncated":true`;
+}
+/** At most six bytes a character once escaped: 1,536 bytes of path at most in a line. */
+const LOG_PATH_CHARS = 256;
+
+/** `asciiJson` of the text last asked for, kept: a field's value often repeats from line to line. */
+class LastJson {
+  private text = '';
+  private json = '""';
+
+  of(text: string): string {
+    if (text !== this.text) {
+      this.text = text;
+      this.json = asciiJson(text);
+    }
+    return this.json;
+  }
 }
 
 /** The client's address as text (IPv4 dotted, or IPv6). */

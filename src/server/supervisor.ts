@@ -393,9 +393,11 @@ export class FrontDoor extends EventEmitter {
    * those of front doors still draining after a reload too.
    */
   reopenAccessLog(): void {
-    for (let door: FrontDoor | null = this; door !== null; door = door.predecessor) {
-      for (const handle of door.running()) door.post(handle.worker, { t: 'reopen-log' });
-    }
+    // A successor starting (a reload under way) has opened the file already too.
+    const doors = new Set<FrontDoor>();
+    for (let door: FrontDoor | null = this; door !== null; door = door.successor) doors.add(door);
+    for (let door = this.predecessor; door !== null; door = door.predecessor) doors.add(door);
+    for (const door of doors) for (const handle of door.running()) door.post(handle.worker, { t: 'reopen-log' });
   }
 
   /** Tells its workers still running to close their WebSocket tunnels now (1001). */
