@@ -43,8 +43,16 @@ export function openAccessLog(path: string): number {
 
 export class AccessLog {
   private fd: number;
-  /** Lines waiting, each with its newline (one string: appending is cheap, flattened at a write). */
-  private text = '';
+  /**
+   * Lines are laid out as they come, each with its newline, in a batch buffer (the line's string
+   * dies young: kept as strings until a write, they would live on into the old generation). Full
+   * batches wait in `queue` for the write under way.
+   */
+  private current: Buffer;
+  private used = 0;
+  private readonly queue: Buffer[] = [];
+  /** Bytes waiting: the queue's and the current batch's. */
+  private waiting = 0;
   private writing = false;
   private timer: NodeJS.Timeout | null = null;
   private reopenWanted = false;
@@ -65,6 +73,7 @@ export class AccessLog {
     this.fd = openAccessLog(path);
     this.regular = fstatSync(this.fd).isFile();
     this.batchBytes = path === STDOUT ? PIPE_BATCH_BYTES : FILE_BATCH_BYTES;
+    this.current = Buffer.allocUnsafeSlow(this.batchBytes);
   }
 
   /**
@@ -74,12 +83,22 @@ export class AccessLog {
    */
   add(line: string): void {
     if (this.closed) return;
-    if (this.text.length >= MAX_QUEUED_BYTES) {
+    const size = line.length + 1;
+    if (this.waiting + size > MAX_QUEUED_BYTES) {
       if (this.dropped++ === 0) this.report(`access log ${this.path}: ${MAX_QUEUED_BYTES} bytes of lines wait for the output; lines are dropped until it takes them (counted)`);
       return;
     }
-    this.text += `${line}\n`;
-    if (this.text.length >= this.batchBytes) this.flush();
+    this.waiting += size;
+    if (size > this.current.length - this.used) {
+      this.seal();
+      // A line longer than a batch goes alone.
+      if (size > this.current.length) this.queue.push(Buffer.from(`${line}\n`, 'latin1'));
+    }
+    if (size <= this.current.length) {
+      this.used += this.current.write(line, this.used, 'latin1');
+      this.current[this.used++] = 10;
+    }
+    if (this.queue.length > 0) this.flush();
     else if (this.timer === null) this.timer = setTimeout(this.onTimer, FLUSH_MS).unref();
   }
 
@@ -108,12 +127,12 @@ export class AccessLog {
     this.closed = true;
     this.clearTimer();
     const deadline = Date.now() + CLOSE_WAIT_MS;
-    while (this.writing || this.text.length > 0) {
-      if (!this.writing) this.writeBuffer(this.take());
+    while (this.writing || this.waiting > 0) {
+      if (!this.writing) this.writeBuffer(this.take()!);
       const left = deadline - Date.now();
       if (left <= 0 || !(await this.whenIdle(left))) {
         this.abandoned = true;
-        this.text = '';
+        this.drop();
         this.report(`access log ${this.path}: the output took nothing for ${CLOSE_WAIT_MS} ms; the lines still waiting were dropped`);
         break;
       }
@@ -133,8 +152,8 @@ export class AccessLog {
     this.closed = true;
     this.clearTimer();
     if (this.regular || this.path === STDOUT) this.writeAllSync();
-    else if (this.text.length > 0) {
-      this.text = '';
+    else if (this.waiting > 0) {
+      this.drop();
       this.report(`access log ${this.path}: the lines still waiting were dropped (the thread ended)`);
     }
     this.reportDropped();
@@ -175,21 +194,32 @@ export class AccessLog {
 
   private flush(): void {
     this.clearTimer();
-    if (this.writing || this.text.length === 0) return;
-    this.writeBuffer(this.take());
+    if (this.writing || this.waiting === 0) return;
+    this.writeBuffer(this.take()!);
   }
 
-  /** The waiting lines, whole, up to a batch (at least one line), as one buffer. */
-  private take(): Buffer {
-    const text = this.text;
-    let cut = text.length;
-    if (cut > this.batchBytes) {
-      cut = text.lastIndexOf('\n', this.batchBytes - 1) + 1;
-      // A line longer than a batch goes alone.
-      if (cut === 0) cut = text.indexOf('\n') + 1;
-    }
-    this.text = cut === text.length ? '' : text.slice(cut);
-    return Buffer.from(cut === text.length ? text : text.slice(0, cut), 'latin1');
+  /** The current batch, if it holds lines, into the queue; a fresh one takes its place. */
+  private seal(): void {
+    if (this.used === 0) return;
+    this.queue.push(this.current.subarray(0, this.used));
+    this.current = Buffer.allocUnsafeSlow(this.batchBytes);
+    this.used = 0;
+  }
+
+  /** The oldest batch waiting (whole lines), or null. */
+  private take(): Buffer | null {
+    if (this.queue.length === 0) this.seal();
+    const batch = this.queue.shift();
+    if (batch === undefined) return null;
+    this.waiting -= batch.length;
+    return batch;
+  }
+
+  /** Forgets every line waiting. */
+  private drop(): void {
+    this.queue.length = 0;
+    this.used = 0;
+    this.waiting = 0;
   }
 
   private writeBuffer(buffer: Buffer): void {
@@ -212,9 +242,9 @@ export class AccessLog {
         this.idle();
         return;
       }
-      if (this.dropped > 0 && this.text.length < MAX_QUEUED_BYTES / 2) this.reportDropped();
-      if (this.text.length >= this.batchBytes) this.flush();
-      else if (this.text.length > 0 && this.timer === null) this.timer = setTimeout(this.onTimer, FLUSH_MS).unref();
+      if (this.dropped > 0 && this.waiting < MAX_QUEUED_BYTES / 2) this.reportDropped();
+      if (this.queue.length > 0) this.flush();
+      else if (this.waiting > 0 && this.timer === null) this.timer = setTimeout(this.onTimer, FLUSH_MS).unref();
     });
   }
 
@@ -236,15 +266,14 @@ export class AccessLog {
   /** Writes every waiting line now; a full pipe is waited for, up to CLOSE_WAIT_MS in all. */
   private writeAllSync(): void {
     const deadline = Date.now() + CLOSE_WAIT_MS;
-    while (this.text.length > 0) {
-      const buffer = this.take();
+    for (let buffer = this.take(); buffer !== null; buffer = this.take()) {
       for (let at = 0; at < buffer.length; ) {
         try {
           at += writeSync(this.fd, buffer, at);
         } catch (err) {
           if ((err as NodeJS.ErrnoException).code !== 'EAGAIN' || Date.now() >= deadline) {
             this.report(`access log ${this.path}: ${(err as Error).message} (lines were lost)`);
-            this.text = '';
+            this.drop();
             return;
           }
           Atomics.wait(PAUSE, 0, 0, 1);

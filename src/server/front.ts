@@ -1091,7 +1091,19 @@ class LastJson {
   }
 }
 
-/** The client's address as text (IPv4 dotted, or IPv6). */
+/**
+ * The client's address as text (IPv4 dotted, or IPv6 as uWS writes it). An IPv4 address is read
+ * in binary and its text kept while it repeats (one client, or a load balancer, sends most
+ * requests): uWS formats the text with a printf a request.
+ */
 function clientAddress(res: HttpResponse): string {
-  return Buffer.from(res.getRemoteAddressAsText()).toString('latin1');
+  const binary = res.getRemoteAddress();
+  if (binary.byteLength !== 4) return Buffer.from(res.getRemoteAddressAsText()).toString('latin1');
+  const key = new DataView(binary).getUint32(0);
+  if (key !== lastClient.key) {
+    lastClient.key = key;
+    lastClient.text = `${key >>> 24}.${(key >>> 16) & 255}.${(key >>> 8) & 255}.${key & 255}`;
+  }
+  return lastClient.text;
 }
+const lastClient = { key: -1, text: '' };
