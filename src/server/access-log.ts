@@ -3,18 +3,19 @@
  * refused by the front door) and for each path no route takes. Every worker thread writes the
  * same file, opened for appending (a write lands whole at the end), or standard output (`-`).
  * Lines are batched in the thread and written off the event loop, at most FLUSH_MS after they
- * were made or as soon as BATCH_BYTES wait, so the request path never waits on the disk; a
- * worker's stop writes what is left before it ends. A line holds no header, no query string and
- * no routing key: nothing secret.
+ * were made or as soon as a batch is full, so the request path never waits on the disk; a
+ * worker's stop writes what is left before it ends. A line holds no header, no cookie and no
+ * query string: nothing secret.
  */
-import { closeSync, fstatSync, openSync, write, writeSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, write, writeSync } from 'node:fs';
 
 /** `--access-log -`: standard output. */
 export const STDOUT = '-';
 const FLUSH_MS = 100;
 /**
- * Lines written in one call at most, in bytes. Standard output may be a pipe, where a write of
- * up to PIPE_BUF (4096 on Linux) lands whole: lines of two threads never interleave there.
+ * Lines written in one call at most, in bytes: to a regular file, FILE_BATCH_BYTES (an append
+ * lands whole); to anything else (standard output, a pipe), PIPE_BATCH_BYTES, as a write of up to
+ * PIPE_BUF (4096 on Linux) lands whole in a pipe: lines of two threads never interleave there.
  */
 const PIPE_BATCH_BYTES = 4096;
 const FILE_BATCH_BYTES = 64 * 1024;
@@ -36,35 +37,46 @@ export function asciiJson(text: string): string {
 const NON_ASCII = /[^\x00-\x7f]/;
 const NON_ASCII_ALL = /[^\x00-\x7f]/g;
 
-/** Opens `path` for appending (created if missing): throws with the reason it cannot. */
+/**
+ * Opens `path` for appending (created if missing): throws with the reason it cannot. Never
+ * blocks: a named pipe is opened non-blocking (one with no reader fails, ENXIO), and its writes
+ * are too (a full one says EAGAIN), so neither the thread nor a libuv pool thread waits on it.
+ */
 export function openAccessLog(path: string): number {
-  return path === STDOUT ? 1 : openSync(path, 'a', 0o640);
+  return path === STDOUT ? 1 : openSync(path, constants.O_WRONLY | constants.O_APPEND | constants.O_CREAT | constants.O_NONBLOCK, 0o640);
 }
 
 export class AccessLog {
   private fd: number;
+  /** The output is a regular file (else a pipe or a terminal: batches of PIPE_BATCH_BYTES). */
+  private regular: boolean;
+  private batchBytes: number;
   /**
-   * Lines are laid out as they come, each with its newline, in a batch buffer (the line's string
+   * Lines are laid out as they come, each with its newline, in a batch buffer (a line's string
    * dies young: kept as strings until a write, they would live on into the old generation). Full
    * batches wait in `queue` for the write under way.
    */
-  private current: Buffer;
+  private current = Buffer.allocUnsafeSlow(FILE_BATCH_BYTES);
   private used = 0;
   private readonly queue: Buffer[] = [];
   /** Bytes waiting: the queue's and the current batch's. */
   private waiting = 0;
+  /** A write is under way (in libuv's pool, or waiting to try a full pipe again), of this many bytes. */
   private writing = false;
+  private inFlight = 0;
   private timer: NodeJS.Timeout | null = null;
   private reopenWanted = false;
+  /** A stop began: no more lines are taken. */
+  private closing = false;
+  /** The stop is over (its file closed). */
   private closed = false;
-  /** The close gave up on a write that could not go on (a reader that stopped reading). */
+  /** Given up on (a stop's deadline, or the thread dying): a write still under way ends there. */
   private abandoned = false;
   private idle: (() => void) | null = null;
   /** Lines dropped since the last report (the queue was full: the output is not being read). */
   private dropped = 0;
-  private readonly batchBytes: number;
-  /** A regular file (not a pipe): a synchronous write to it cannot wait for a reader. */
-  private regular: boolean;
+  /** A write failed and was said; said again only after one succeeds. */
+  private failing = false;
 
   constructor(
     readonly path: string,
@@ -72,8 +84,7 @@ export class AccessLog {
   ) {
     this.fd = openAccessLog(path);
     this.regular = fstatSync(this.fd).isFile();
-    this.batchBytes = path === STDOUT ? PIPE_BATCH_BYTES : FILE_BATCH_BYTES;
-    this.current = Buffer.allocUnsafeSlow(this.batchBytes);
+    this.batchBytes = this.regular ? FILE_BATCH_BYTES : PIPE_BATCH_BYTES;
   }
 
   /**
@@ -82,19 +93,19 @@ export class AccessLog {
    * output) it is dropped, and counted.
    */
   add(line: string): void {
-    if (this.closed) return;
+    if (this.closing) return;
     const size = line.length + 1;
     if (this.waiting + size > MAX_QUEUED_BYTES) {
       if (this.dropped++ === 0) this.report(`access log ${this.path}: ${MAX_QUEUED_BYTES} bytes of lines wait for the output; lines are dropped until it takes them (counted)`);
       return;
     }
     this.waiting += size;
-    if (size > this.current.length - this.used) {
+    if (size > this.batchBytes - this.used) {
       this.seal();
       // A line longer than a batch goes alone.
-      if (size > this.current.length) this.queue.push(Buffer.from(`${line}\n`, 'latin1'));
+      if (size > this.batchBytes) this.queue.push(Buffer.from(`${line}\n`, 'latin1'));
     }
-    if (size <= this.current.length) {
+    if (size <= this.batchBytes) {
       this.used += this.current.write(line, this.used, 'latin1');
       this.current[this.used++] = 10;
     }
@@ -104,59 +115,75 @@ export class AccessLog {
 
   /**
    * Opens the file again, for log rotation (`SIGUSR1`): the lines waiting go to the file open
-   * until now (at once, or with the write under way), the lines after to whatever is at the path
-   * now. If it cannot be opened, logging goes on to the file open before (said).
+   * until now (at once if it is a regular file, else with the write under way), the lines after
+   * to whatever is at the path now. If it cannot be opened, logging goes on to the file open
+   * before (said).
    */
   reopen(): void {
-    if (this.path === STDOUT || this.closed) return;
+    if (this.path === STDOUT || this.closing) return;
     this.reopenWanted = true;
     if (this.writing) return;
-    this.clearTimer();
-    // Into the file open until now: at once if it is a file (a pipe, by its path, could block).
-    if (this.regular) this.writeAllSync();
+    if (this.regular) this.writeAllSync(Date.now() + CLOSE_WAIT_MS);
     this.swapFile();
+    this.flush();
   }
 
   /**
-   * Writes what is left and closes the file (a worker's stop). An output that takes nothing for
-   * CLOSE_WAIT_MS (a pipe nobody reads) does not hold the stop: what it did not take is dropped,
-   * and said.
+   * Writes what is left and closes the file (a worker's stop). An output that does not take it
+   * within CLOSE_WAIT_MS (a pipe nobody reads) does not hold the stop: the rest is dropped, and
+   * said.
    */
   async close(): Promise<void> {
-    if (this.closed) return;
-    this.closed = true;
+    if (this.closing) return;
+    this.closing = true;
     this.clearTimer();
     const deadline = Date.now() + CLOSE_WAIT_MS;
-    while (this.writing || this.waiting > 0) {
-      if (!this.writing) this.writeBuffer(this.take()!);
+    while (!this.abandoned && (this.writing || this.waiting > 0)) {
       const left = deadline - Date.now();
-      if (left <= 0 || !(await this.whenIdle(left))) {
-        this.abandoned = true;
-        this.drop();
-        this.report(`access log ${this.path}: the output took nothing for ${CLOSE_WAIT_MS} ms; the lines still waiting were dropped`);
+      if (left <= 0) {
+        this.giveUp(`the output did not take the last lines within ${CLOSE_WAIT_MS} ms`);
         break;
       }
+      if (!this.writing) this.writeBuffer(this.take()!);
+      if (!(await this.whenIdle(left))) this.giveUp(`the output did not take the last lines within ${CLOSE_WAIT_MS} ms`);
     }
     this.reportDropped();
-    // A write still under way (given up on) keeps its descriptor.
-    if (this.fd !== 1 && !this.abandoned) closeSync(this.fd);
+    this.closed = true;
+    // A write still under way (given up on) closes the file when it ends.
+    if (!this.writing) this.closeFile();
   }
 
   /**
-   * A dying thread's last resort: whatever is waiting, written now, to a file or standard output
-   * (non-blocking there: a full pipe is waited for, up to CLOSE_WAIT_MS); a pipe opened by its
-   * path could block the thread for good, so what waits for one is dropped (and said).
+   * A dying thread's last resort, also in the middle of a stop: whatever waits is written now,
+   * synchronously (every output is non-blocking: a full pipe is waited for, up to
+   * CLOSE_WAIT_MS). A batch whose write is under way may land after these lines.
    */
   closeNow(): void {
     if (this.closed) return;
-    this.closed = true;
+    this.closing = true;
     this.clearTimer();
-    if (this.regular || this.path === STDOUT) this.writeAllSync();
-    else if (this.waiting > 0) {
-      this.drop();
-      this.report(`access log ${this.path}: the lines still waiting were dropped (the thread ended)`);
-    }
+    this.abandoned = true;
+    this.writeAllSync(Date.now() + CLOSE_WAIT_MS);
     this.reportDropped();
+    this.closed = true;
+    if (!this.writing) this.closeFile();
+  }
+
+  /** Stops writing (a stop's deadline): what waits is dropped, and said. */
+  private giveUp(reason: string): void {
+    this.abandoned = true;
+    if (this.waiting > 0 || this.writing) this.report(`access log ${this.path}: ${reason}; ${this.waiting + this.inFlight} bytes of lines still waiting were dropped`);
+    this.drop();
+  }
+
+  private closeFile(): void {
+    if (this.fd > 2) closeSync(this.fd);
+    this.fd = -1;
+  }
+
+  private reportDropped(): void {
+    if (this.dropped > 0) this.report(`access log ${this.path}: ${this.dropped} line(s) were dropped while the output did not take them`);
+    this.dropped = 0;
   }
 
   /** Resolves true once no write is under way, false after `ms` with one still under way. */
@@ -175,11 +202,6 @@ export class AccessLog {
     });
   }
 
-  private reportDropped(): void {
-    if (this.dropped > 0) this.report(`access log ${this.path}: ${this.dropped} line(s) were dropped while the output did not take them`);
-    this.dropped = 0;
-  }
-
   private readonly onTimer = (): void => {
     this.timer = null;
     this.flush();
@@ -194,7 +216,7 @@ export class AccessLog {
 
   private flush(): void {
     this.clearTimer();
-    if (this.writing || this.waiting === 0) return;
+    if (this.writing || this.waiting === 0 || this.abandoned) return;
     this.writeBuffer(this.take()!);
   }
 
@@ -202,7 +224,7 @@ export class AccessLog {
   private seal(): void {
     if (this.used === 0) return;
     this.queue.push(this.current.subarray(0, this.used));
-    this.current = Buffer.allocUnsafeSlow(this.batchBytes);
+    this.current = Buffer.allocUnsafeSlow(FILE_BATCH_BYTES);
     this.used = 0;
   }
 
@@ -224,26 +246,37 @@ export class AccessLog {
 
   private writeBuffer(buffer: Buffer): void {
     this.writing = true;
+    this.inFlight = buffer.length;
     write(this.fd, buffer, 0, buffer.length, null, (err, written) => {
-      if (this.abandoned) return;
-      // Standard output is non-blocking when it is a pipe: a full one is tried again shortly.
+      if (this.abandoned) {
+        // Given up on while under way: the stop (or the dying thread) left the file to close.
+        this.writing = false;
+        this.inFlight = 0;
+        if (this.closed) this.closeFile();
+        this.idle?.();
+        return;
+      }
+      // A full pipe (the output is non-blocking): tried again shortly.
       if (err && (err as NodeJS.ErrnoException).code === 'EAGAIN') {
         setTimeout(() => this.writeBuffer(buffer), RETRY_MS).unref();
         return;
       }
-      if (err) this.report(`access log ${this.path}: ${err.message} (lines were lost)`);
-      else if (written < buffer.length) {
+      if (err) {
+        if (!this.failing) this.report(`access log ${this.path}: ${err.message}; lines are lost until a write succeeds`);
+        this.failing = true;
+      } else if (written < buffer.length) {
         this.writeBuffer(buffer.subarray(written));
         return;
-      }
+      } else this.failing = false;
       this.writing = false;
+      this.inFlight = 0;
       if (this.reopenWanted) this.swapFile();
       if (this.idle !== null) {
         this.idle();
         return;
       }
       if (this.dropped > 0 && this.waiting < MAX_QUEUED_BYTES / 2) this.reportDropped();
-      if (this.queue.length > 0) this.flush();
+      if (this.queue.length > 0 || this.reopenWanted) this.flush();
       else if (this.waiting > 0 && this.timer === null) this.timer = setTimeout(this.onTimer, FLUSH_MS).unref();
     });
   }
@@ -260,19 +293,20 @@ export class AccessLog {
     const old = this.fd;
     this.fd = fd;
     this.regular = fstatSync(fd).isFile();
+    // (A batch filled before is written as it is.)
+    this.batchBytes = this.regular ? FILE_BATCH_BYTES : PIPE_BATCH_BYTES;
     closeSync(old);
   }
 
-  /** Writes every waiting line now; a full pipe is waited for, up to CLOSE_WAIT_MS in all. */
-  private writeAllSync(): void {
-    const deadline = Date.now() + CLOSE_WAIT_MS;
+  /** Writes every waiting line now; a full pipe is waited for, until `deadline` (Date.now()). */
+  private writeAllSync(deadline: number): void {
     for (let buffer = this.take(); buffer !== null; buffer = this.take()) {
       for (let at = 0; at < buffer.length; ) {
         try {
           at += writeSync(this.fd, buffer, at);
         } catch (err) {
           if ((err as NodeJS.ErrnoException).code !== 'EAGAIN' || Date.now() >= deadline) {
-            this.report(`access log ${this.path}: ${(err as Error).message} (lines were lost)`);
+            this.report(`access log ${this.path}: ${(err as Error).message}; ${this.waiting + buffer.length - at} bytes of lines were lost`);
             this.drop();
             return;
           }

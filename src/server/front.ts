@@ -1098,8 +1098,14 @@ class LastJson {
  */
 function clientAddress(res: HttpResponse): string {
   const binary = res.getRemoteAddress();
-  if (binary.byteLength !== 4) return Buffer.from(res.getRemoteAddressAsText()).toString('latin1');
-  const key = new DataView(binary).getUint32(0);
+  const view = new DataView(binary);
+  let at = 0;
+  // IPv6: as uWS writes it, unless it maps an IPv4 address (::ffff:a.b.c.d, a dual-stack listener).
+  if (binary.byteLength === 16) {
+    if (view.getUint32(0) !== 0 || view.getUint32(4) !== 0 || view.getUint32(8) !== 0xffff) return Buffer.from(res.getRemoteAddressAsText()).toString('latin1');
+    at = 12;
+  } else if (binary.byteLength !== 4) return Buffer.from(res.getRemoteAddressAsText()).toString('latin1');
+  const key = view.getUint32(at);
   if (key !== lastClient.key) {
     lastClient.key = key;
     lastClient.text = `${key >>> 24}.${(key >>> 16) & 255}.${(key >>> 8) & 255}.${key & 255}`;
