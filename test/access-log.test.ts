@@ -29,6 +29,7 @@ interface Line {
   hedged: boolean;
   bytes: number;
   us: number;
+  error: string | null;
 }
 
 /** The file's lines, each parsed (a line that is not JSON fails the test). */
@@ -228,18 +229,19 @@ describe('access log of a front door', () => {
       assert.equal(first.route, '/rpc/*');
       assert.equal(first.attempts, 1);
       assert.equal(first.hedged, false);
+      assert.equal(first.error, null);
       assert.ok(first.bytes > 0 && first.us > 0);
       assert.ok(Math.abs(Date.parse(first.time) - Date.now()) < 60_000, first.time);
       assert.equal(lines.filter((l) => l.status === 200 && l.node === 'al-b').length, 20);
       assert.deepEqual(
-        lines.filter((l) => l.status !== 200).map((l) => [l.status, l.path.slice(0, 20), l.route, l.node, l.attempts, l.bytes > 0]).sort(),
+        lines.filter((l) => l.status !== 200).map((l) => [l.status, l.path.slice(0, 20), l.route, l.node, l.attempts, l.bytes > 0, l.error]).sort(),
         [
-          [401, '/rpc/query.execute', '/rpc/*', null, 0, true],
-          [404, '/elsewhere', null, null, 0, true],
-          [404, `/${'x'.repeat(19)}`, null, null, 0, true],
-          [499, '/rpc/board.append', '/rpc/*', null, 1, false],
-          [502, '/kv/k', '/kv/*', null, 2, true],
-          [502, '/rpc/board.append', '/rpc/*', null, 1, true],
+          [401, '/rpc/query.execute', '/rpc/*', null, 0, true, 'LF_ERR_MISSING_BOARD'],
+          [404, '/elsewhere', null, null, 0, true, null],
+          [404, `/${'x'.repeat(19)}`, null, null, 0, true, null],
+          [499, '/rpc/board.append', '/rpc/*', null, 1, false, null],
+          [502, '/kv/k', '/kv/*', null, 2, true, 'LF_ERR_QUORUM_FAILED'],
+          [502, '/rpc/board.append', '/rpc/*', null, 1, true, 'LF_ERR_OUTCOME_UNKNOWN'],
         ],
       );
       const cut = lines.find((l) => l.path.startsWith('/xxx'))! as Line & { truncated?: boolean };

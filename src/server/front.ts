@@ -267,18 +267,18 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const head = this.method === 'HEAD';
     if (call !== null) {
       const failure = call.failure;
-      if (failure !== null) this.log(failure.status, null, false, this.failureBytes);
+      if (failure !== null) this.log(failure.status, null, false, this.failureBytes, failure.code);
       else this.log(call.status, ids[call.servedBy]!, false, head || call.body === null ? 0 : call.body.length);
       return;
     }
     const exchange = this.exchange!;
-    if (exchange.failure !== null) this.log(exchange.failure.status, null, exchange.hedged, this.failureBytes);
+    if (exchange.failure !== null) this.log(exchange.failure.status, null, exchange.hedged, this.failureBytes, exchange.failure.code);
     else this.log(exchange.status, ids[exchange.servedBy]!, exchange.hedged, head || exchange.body === null ? 0 : exchange.body.length);
   }
 
-  private log(status: number, node: string | null, hedged: boolean, bytes: number): void {
+  private log(status: number, node: string | null, hedged: boolean, bytes: number, code: string | null = null): void {
     const attempts = this.exchange !== null ? this.exchange.launched : this.call !== null ? this.call.attempts : 0;
-    this.front.logRequest(this.arrival!, status, node, attempts, hedged, bytes);
+    this.front.logRequest(this.arrival!, status, node, attempts, hedged, bytes, code);
   }
 
   /** @internal inside `res.cork`: the answer (or the failure) in one corked write. */
@@ -349,7 +349,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     this.answered = true;
     const head = this.method === 'HEAD';
     this.front.refuse(this.res, status, body, close, null, head);
-    if (this.arrival !== null) this.log(status, null, false, head ? 0 : body.length);
+    if (this.arrival !== null) this.log(status, null, false, head ? 0 : body.length, errorCodeOf(body));
     this.finish();
   }
 
@@ -800,7 +800,7 @@ export class WorkerFront implements TunnelHost {
     const refusing = this.refusing;
     if (refusing !== null) {
       this.refusing = null;
-      this.logRequest(refusing, status, null, 0, false, head ? 0 : body.length);
+      this.logRequest(refusing, status, null, 0, false, head ? 0 : body.length, errorCodeOf(body));
     }
   }
 
@@ -810,12 +810,12 @@ export class WorkerFront implements TunnelHost {
   }
 
   /** @internal One line of the access log (which must be on). */
-  logRequest(arrival: Arrival, status: number, node: string | null, attempts: number, hedged: boolean, bytes: number): void {
+  logRequest(arrival: Arrival, status: number, node: string | null, attempts: number, hedged: boolean, bytes: number, code: string | null): void {
     const { route, method, path, client, startedAt } = arrival;
     const us = Math.round((performance.now() - startedAt) * 1000);
     const j = this.logJson;
     this.accessLog!.add(
-      `{"time":"${j.time()}","client":${j.client.of(client)},"method":${j.method.of(method)},"path":${logPath(path)},"route":${route === null ? 'null' : j.route.of(route)},"status":${status},"node":${node === null ? 'null' : j.node.of(node)},"attempts":${attempts},"hedged":${hedged},"bytes":${bytes},"us":${us}}`,
+      `{"time":"${j.time()}","client":${j.client.of(client)},"method":${j.method.of(method)},"path":${logPath(path)},"route":${route === null ? 'null' : j.route.of(route)},"status":${status},"node":${node === null ? 'null' : j.node.of(node)},"attempts":${attempts},"hedged":${hedged},"bytes":${bytes},"us":${us},"error":${code === null ? 'null' : asciiJson(code)}}`,
     );
   }
 
@@ -1076,6 +1076,13 @@ function logPath(path: string): string {
 }
 /** At most six bytes a character once escaped: 1,536 bytes of path at most in a line. */
 const LOG_PATH_CHARS = 256;
+
+/** The `LF_ERR_*` code of an error body the front door answered with (`errorBody`), or null. */
+function errorCodeOf(body: string): string | null {
+  const match = ERROR_CODE.exec(body);
+  return match === null ? null : match[1]!;
+}
+const ERROR_CODE = /"code":"(LF_ERR_[A-Z_]+)"/;
 
 /** `asciiJson` of the text last asked for, kept: a field's value often repeats from line to line. */
 class LastJson {
