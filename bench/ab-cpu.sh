@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Side-by-side CPU of builds of Lakefront, split into user and system time:
-#   bench/ab-cpu.sh bench/wrk/post256.lua THREADS RUNS DIST...
+#   bench/ab-cpu.sh bench/wrk/post256.lua THREADS RUNS DIST[::FLAGS]...
 # Each DIST is a compiled tree (a `dist/`) inside the repository, so it resolves node_modules.
+# FLAGS, after `::`, are extra flags for that build, written without spaces (`--flag=value`,
+# several separated by commas): e.g. `dist dist::--access-log=/tmp/access.log` compares the same
+# build with and without an access log.
 # Every build is started once over the bench upstream and warmed for 2 s with wrk; then RUNS
 # rounds, each running every build in turn for 4 s (wrk, one thread, 64 connections), reading
 # its process's user and system CPU from /proc. Prints the medians (and the per-run totals) in
@@ -22,7 +25,9 @@ sleep 0.8
 NODES=$(node -e "const p=JSON.parse(require('fs').readFileSync('$UP','utf8')).ports;console.log(p.map((x,i)=>'n'+i+'=http://127.0.0.1:'+x).join(','))")
 for d in "$@"; do
   LOGS[$d]=$(mktemp)
-  node "$d/src/cli.js" --nodes "$NODES" --port 0 --threads "$TH" --host 127.0.0.1 --health-interval-ms 1000 > "${LOGS[$d]}" 2>&1 & PIDS[$d]=$!
+  dir=$d; extra=()
+  if [[ $d == *::* ]]; then dir=${d%%::*}; IFS=, read -ra extra <<< "${d#*::}"; fi
+  node "$dir/src/cli.js" "${extra[@]}" --nodes "$NODES" --port 0 --threads "$TH" --host 127.0.0.1 --health-interval-ms 1000 > "${LOGS[$d]}" 2>&1 & PIDS[$d]=$!
   for _ in $(seq 40); do URLS[$d]=$(grep -o 'http://127.0.0.1:[0-9]*' "${LOGS[$d]}" | head -1 || true); [ -n "${URLS[$d]}" ] && break; sleep 0.25; done
   wrk -t1 -c64 -d2s -s "$LUA" "${URLS[$d]}" > /dev/null
 done
