@@ -59,11 +59,10 @@ function replyJson(res: HttpResponse, status: number, body: string, close = fals
 }
 
 /**
- * Ends an answer with a JSON body the front door made. A HEAD answer never carries the body (a
- * client would take it for a next answer), only its length; one that should close says so, and
- * the client closes (see endHeadAnswer).
+ * Ends an answer with a JSON body the front door made; returns the body bytes sent. A HEAD answer
+ * never carries the body (a client would take it for a next answer), only its length; one that
+ * should close says so, and the client closes (see endHeadAnswer).
  */
-/** Ends an answer with a JSON body (none for HEAD); returns the body bytes sent. */
 function endJson(res: HttpResponse, body: string, close: boolean, head: boolean): number {
   const bytes = Buffer.byteLength(body);
   if (head) {
