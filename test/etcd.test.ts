@@ -75,7 +75,10 @@ describe('etcd behind Lakefront', () => {
         servedBy.set(name, (servedBy.get(name) ?? 0) + 1);
       }
       assert.equal(servedBy.size, 3, `reads reached ${[...servedBy.keys()]}`);
-      for (const [name, n] of servedBy) assert.ok(n >= 90 * 0.2, `${name} served ${n} of 90 reads`);
+      // Spread, not pinned: every member takes a real share. Not a third each: on a busy machine
+      // one member's latency can pass rho times the pool's median for a while, and the outlier
+      // ejection (seed 002) rightly sends it fewer reads then (15 of 90 seen in one CI run).
+      for (const [name, n] of servedBy) assert.ok(n >= 90 * 0.1, `${name} served ${n} of 90 reads`);
       // A watch is a stream: refused at once, not pinned to the leader like a write and held to
       // the request timeout (etcd itself streams it: checked against a member directly).
       const direct = await fetch(`${cluster.members[0]!.clientUrl}/v3/watch`, { method: 'POST', body: JSON.stringify({ create_request: { key: b64('hybrid-0') } }) });
