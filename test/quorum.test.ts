@@ -17,7 +17,7 @@ import { ConfigError } from '../src/errors.js';
 import { defaultSettings } from '../src/server/settings.js';
 import { FrontDoor, loadHints, type FrontDoorConfig } from '../src/server/supervisor.js';
 import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { connect } from 'node:net';
+import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { FakeNode, startNodes } from './fixtures/fake-node.js';
@@ -854,6 +854,48 @@ describe('replicated route: hints saved at a stop', () => {
     } finally {
       await Promise.all(nodes.map((n) => n.stop()));
       rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('shows a draining front door\'s hints as pending in the /stats of the one that took over, all through the drain', async () => {
+    const nodes = await startReplicas('rp-a', 'rp-b', 'rp-c', 'rp-d');
+    const ids = nodes.map((n) => n.id);
+    const down = nodes[0]!;
+    // Keys whose first replica is down: each write leaves a hint with a stand-in.
+    const keys: string[] = [];
+    for (let i = 0; keys.length < 12; i++) if (preference(ids, `/kv/p${i}`)[0] === down.id) keys.push(`/kv/p${i}`);
+    const config = storeConfig(nodes, { settings: defaultSettings({ drainTimeoutMs: 1500 }) });
+    try {
+      down.healthy = false;
+      const first = await FrontDoor.start(config);
+      let second: FrontDoor | null = null;
+      let held: Socket | null = null;
+      try {
+        // Over fresh connections, so both workers keep some.
+        for (const key of keys) assert.equal((await call(`${first.url}${key}`, { method: 'PUT', body: 'x', fresh: true })).status, 204);
+        const pending = async (door: FrontDoor): Promise<number> => ((await door.stats()) as { quorum: { hints: { pending: number } } }).quorum.hints.pending;
+        while ((await pending(first)) < keys.length);
+        // A write whose body never finishes keeps one worker draining to the deadline; the other
+        // ends at once and hands its hints back to its front door, which holds them until then.
+        held = connect(first.port, '127.0.0.1');
+        held.on('error', () => {});
+        await once(held, 'connect');
+        held.write('PUT /kv/held HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nab');
+        while (((await first.stats()) as { requests: number }).requests < keys.length + 1);
+        second = await first.reload(config);
+        let drained = false;
+        void first.drained.then(() => (drained = true));
+        const seen = new Set<number>();
+        while (!drained) seen.add(await pending(second));
+        seen.add(await pending(second));
+        assert.deepEqual([...seen], [keys.length], 'every hint pending, wherever it was held');
+      } finally {
+        held?.destroy();
+        await first.stop();
+        await second?.stop();
+      }
+    } finally {
+      await Promise.all(nodes.map((n) => n.stop()));
     }
   });
 

@@ -217,6 +217,14 @@ export class CounterSlot {
    * replacement takes over a dead worker's slot, whose connections and hints died with it.
    * Returns how many hints it still kept (as far as it had counted them in): lost with it.
    */
+  /**
+   * The control plane has the hints a drained worker handed back (they were counted pending in
+   * its slot until then): the slot's pending hints go to zero.
+   */
+  clearHintsPending(): void {
+    Atomics.store(this.lanes, this.base + C_HINTS_PENDING, 0n);
+  }
+
   resetInflight(nodeCount: number): number {
     for (let n = 0; n < nodeCount; n++) Atomics.store(this.lanes, this.base + SLOT_HEADER + PER_NODE * n + N_INFLIGHT, 0n);
     Atomics.store(this.lanes, this.base + C_WEBSOCKETS, 0n);

@@ -251,7 +251,9 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   hintCounted(event: HintEvent): void {
     const slot = this.slot;
     if (event === 'stored') slot.bump(C_HINTS_PENDING);
-    else if (event === 'saved') slot.drop(C_HINTS_PENDING);
+    // Handed back as the worker stops: still pending, in this slot, until the control plane has
+    // them (its `drained` message) and clears it, so /stats never misses them in between.
+    else if (event === 'saved') return;
     else {
       slot.drop(C_HINTS_PENDING);
       slot.bump(event === 'delivered' ? C_HINTS_DELIVERED : event === 'expired' ? C_HINTS_EXPIRED : event === 'refused' ? C_HINTS_REFUSED : C_HINTS_LOST);

@@ -351,13 +351,22 @@ export class FrontDoor extends EventEmitter {
       this.keepStopped([...shares.values()].flat());
       return;
     }
+    let posted = 0;
     for (const [slot, share] of shares) {
       const handle = this.workers.get(slot);
-      if (handle && handle.worker.threadId >= 0) this.post(handle.worker, { t: 'adopt-hints', hints: share });
+      if (handle && handle.worker.threadId >= 0) {
+        this.post(handle.worker, { t: 'adopt-hints', hints: share });
+        posted += share.length;
+      }
       // Not started yet (or being replaced): it takes them when it starts.
       else appendTo(this.hintsFor, slot, share);
     }
+    // On their way to the workers: pending for /stats until a collection posted after them.
+    if (posted > 0) this.adopting.push({ after: this.nextCollectionId, count: posted });
   }
+
+  /** Hints posted to workers (`takeOver`) by the collection id that will see them counted. */
+  private adopting: { after: number; count: number }[] = [];
 
   /**
    * Hints reaching a stopping front door (late from a worker, or from a predecessor): to the
@@ -421,12 +430,14 @@ export class FrontDoor extends EventEmitter {
    */
   private totals(): TotalsById {
     const totals = totalsById(readTotals(this.counters, this.counterSlots, this.nodes.length), this.nodes.map((n) => n.id));
+    // Hints its stopped workers handed back, held until the hand-over (or the hints file): pending still.
+    totals.hintsPending += this.stoppedHints.length;
     if (this.carried !== null) addTotals(totals, this.carried);
     const predecessor = this.predecessor;
     if (predecessor !== null) {
       const theirs = predecessor.totals();
-      // Hints its stopped workers handed back, held until the hand-over: pending still.
-      theirs.hintsPending += predecessor.stoppedHints.length + [...predecessor.hintsFor.values()].reduce((n, list) => n + list.length, 0);
+      // And those it kept for workers that never started.
+      theirs.hintsPending += [...predecessor.hintsFor.values()].reduce((n, list) => n + list.length, 0);
       addTotals(totals, theirs);
     }
     return totals;
@@ -446,8 +457,13 @@ export class FrontDoor extends EventEmitter {
     // one that does not answer soon (stuck) is not waited for long.
     const draining: Promise<unknown>[] = [];
     for (let p = this.predecessor; p !== null; p = p.predecessor) draining.push(p.collect(PREDECESSOR_COLLECT_MS));
+    const collection = this.nextCollectionId;
     const [encoded] = await Promise.all([this.collect(), ...draining]);
     const totals = this.totals();
+    // Hints handed over before that collection was posted are in the workers' counts now (their
+    // messages came first); later ones are still on their way.
+    this.adopting = this.adopting.filter((a) => a.after > collection);
+    for (const a of this.adopting) totals.hintsPending += a.count;
     const latency = mergeSummaries(encoded, this.nodes.length);
     const nodes: Record<string, unknown> = {};
     this.nodes.forEach((node, i) => {
@@ -806,6 +822,8 @@ export class FrontDoor extends EventEmitter {
         break;
       }
       case 'drained':
+        // Pending in the worker's slot until here; pending with this front door from here.
+        new CounterSlot(this.counters, handle.slot, this.nodes.length).clearHintsPending();
         this.keepStopped(message.hints);
         break;
       case 'node-refused': {
