@@ -294,9 +294,7 @@ export class FrontDoor extends EventEmitter {
       this.successor = null;
       await next.stop().catch(() => undefined);
       // Workers of it that listened may have served a few requests: they stay counted here.
-      const served = endedTotals(next.totals());
-      if (this.carried === null) this.carried = served;
-      else addTotals(this.carried, served);
+      this.carry(next);
       // Stopped during the reload, its workers handed their hints back for the successor: they
       // are saved (or counted lost) as a stop's are, if the drain got there first.
       if (this.drainDone) this.writeHints();
@@ -315,7 +313,7 @@ export class FrontDoor extends EventEmitter {
     // Not kept once drained (a chain of reloads does not hold every earlier front door): its
     // counts are, for /stats.
     void next.predecessorDone.then(() => {
-      next.carried = endedTotals(this.totals());
+      next.carry(this);
       next.predecessor = null;
     });
     this.drained = handover;
@@ -422,6 +420,17 @@ export class FrontDoor extends EventEmitter {
   /** Slots of the workers currently running. */
   get workerSlots(): number[] {
     return [...this.workers.keys()];
+  }
+
+  /**
+   * Keeps the counts of a front door that has ended (a predecessor drained, or a successor that
+   * failed to start) with this one's, for /stats. Added to what is carried already: a reload that
+   * failed while the predecessor still drained counts as well.
+   */
+  private carry(ended: FrontDoor): void {
+    const totals = endedTotals(ended.totals());
+    if (this.carried === null) this.carried = totals;
+    else addTotals(this.carried, totals);
   }
 
   /**
