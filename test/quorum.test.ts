@@ -44,6 +44,19 @@ async function startReplicas(...ids: string[]): Promise<FakeNode[]> {
   return nodes;
 }
 
+/**
+ * A write whose body never finishes, on a connection of its own: the worker that took it drains
+ * to its deadline. Resolves once the front door counts `requests` in all (this one included).
+ */
+async function holdWrite(door: FrontDoor, requests: number): Promise<Socket> {
+  const held = connect(door.port, '127.0.0.1');
+  held.on('error', () => {});
+  await once(held, 'connect');
+  held.write('PUT /kv/held HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nab');
+  while (((await door.stats()) as { requests: number }).requests < requests);
+  return held;
+}
+
 function storeConfig(nodes: readonly { id: string; url: string }[], overrides: Partial<FrontDoorConfig> = {}): FrontDoorConfig {
   return {
     host: '127.0.0.1',
@@ -838,11 +851,7 @@ describe('replicated route: hints saved at a stop', () => {
       assert.equal((await call(`${first.url}${key}`, { method: 'PUT', body: 'kept' })).status, 204);
       while ((await call(`${first.url}/stats`)).json<{ quorum: { hints: { pending: number } } }>().quorum.hints.pending === 0);
       // A write whose body never finishes keeps the first front door draining to its deadline.
-      const held = connect(first.port, '127.0.0.1');
-      await once(held, 'connect');
-      held.on('error', () => {});
-      held.write('PUT /kv/held HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nab');
-      while (((await first.stats()) as { requests: number }).requests < 2);
+      const held = await holdWrite(first, 2);
       const second = await first.reload(config);
       // Stopped at once: its drain ends first, and waits for the hint coming from the first.
       await Promise.all([second.stop(), first.drained]);
@@ -877,11 +886,7 @@ describe('replicated route: hints saved at a stop', () => {
         while ((await pending(first)) < keys.length);
         // A write whose body never finishes keeps one worker draining to the deadline; the other
         // ends at once and hands its hints back to its front door, which holds them until then.
-        held = connect(first.port, '127.0.0.1');
-        held.on('error', () => {});
-        await once(held, 'connect');
-        held.write('PUT /kv/held HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nab');
-        while (((await first.stats()) as { requests: number }).requests < keys.length + 1);
+        held = await holdWrite(first, keys.length + 1);
         second = await first.reload(config);
         let drained = false;
         void first.drained.then(() => (drained = true));

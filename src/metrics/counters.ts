@@ -145,9 +145,10 @@ export function addTotals(into: TotalsById, from: TotalsById): void {
 
 /** The counts of a front door whose workers have ended: its gauges are zero. */
 export function endedTotals(totals: TotalsById): TotalsById {
-  const ended = totalsById({ ...totals, nodes: [] }, []);
+  const nodes = new Map<string, NodeTotals>();
+  for (const [id, node] of totals.nodes) nodes.set(id, { ...node, inflight: 0 });
+  const ended = { ...totals, nodes };
   for (const gauge of GAUGES) ended[gauge] = 0;
-  for (const [id, node] of totals.nodes) ended.nodes.set(id, { ...node, inflight: 0 });
   return ended;
 }
 
@@ -170,8 +171,8 @@ export class CounterSlot {
     this.pending = batched ? new Float64Array(counterStride(nodeCount)) : null;
   }
 
-  bump(field: number): void {
-    this.add(field, 1);
+  bump(field: number, by = 1): void {
+    this.add(field, by);
   }
 
   drop(field: number): void {
@@ -213,11 +214,6 @@ export class CounterSlot {
   }
 
   /**
-   * Zero the gauges (in-flight attempts, open WebSocket tunnels, hints kept): used when a
-   * replacement takes over a dead worker's slot, whose connections and hints died with it.
-   * Returns how many hints it still kept (as far as it had counted them in): lost with it.
-   */
-  /**
    * The control plane has the hints a drained worker handed back (they were counted pending in
    * its slot until then): the slot's pending hints go to zero.
    */
@@ -225,6 +221,11 @@ export class CounterSlot {
     Atomics.store(this.lanes, this.base + C_HINTS_PENDING, 0n);
   }
 
+  /**
+   * Zero the gauges (in-flight attempts, open WebSocket tunnels, hints kept): used when a
+   * replacement takes over a dead worker's slot, whose connections and hints died with it.
+   * Returns how many hints it still kept (as far as it had counted them in): lost with it.
+   */
   resetInflight(nodeCount: number): number {
     for (let n = 0; n < nodeCount; n++) Atomics.store(this.lanes, this.base + SLOT_HEADER + PER_NODE * n + N_INFLIGHT, 0n);
     Atomics.store(this.lanes, this.base + C_WEBSOCKETS, 0n);

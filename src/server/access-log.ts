@@ -10,7 +10,7 @@
 import { closeSync, constants, fstatSync, openSync, write, writeSync } from 'node:fs';
 
 /** `--access-log -`: standard output. */
-export const STDOUT = '-';
+const STDOUT = '-';
 const FLUSH_MS = 100;
 /**
  * Lines written in one call at most, in bytes: to a regular file, FILE_BATCH_BYTES (an append

@@ -346,9 +346,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   private reject(status: number, body: string, close: boolean): void {
     this.answered = true;
-    const head = this.method === 'HEAD';
-    this.front.refuse(this.res, status, body, close, null, head);
-    if (this.arrival !== null) this.log(status, null, false, head ? 0 : body.length, errorCodeOf(body));
+    this.front.refuse(this.res, status, body, close, null, this.method === 'HEAD', this.arrival);
     this.finish();
   }
 
@@ -792,15 +790,15 @@ export class WorkerFront implements TunnelHost {
     else this.refuse(res, 400, errorBody(reason, ErrorCodes.BAD_REQUEST), true, null, head);
   }
 
-  /** @internal The front door answers a request itself (4xx or 501), counted as rejected. */
-  refuse(res: HttpResponse, status: number, body: string, close: boolean, allow: string | null = null, head = false): void {
+  /**
+   * @internal The front door answers a request itself (4xx or 501), counted as rejected; with the
+   * access log on, the request's line (`arrival`: the request being routed, by default).
+   */
+  refuse(res: HttpResponse, status: number, body: string, close: boolean, allow: string | null = null, head = false, arrival = this.refusing): void {
     this.slot.bump(C_REJECTED);
     replyJson(res, status, body, close, allow, head);
-    const refusing = this.refusing;
-    if (refusing !== null) {
-      this.refusing = null;
-      this.logRequest(refusing, status, null, 0, false, head ? 0 : body.length, errorCodeOf(body));
-    }
+    this.refusing = null;
+    if (arrival !== null) this.logRequest(arrival, status, null, 0, false, head ? 0 : body.length, errorCodeOf(body));
   }
 
   /** With the access log on: what a refusal of this request, if one comes, logs. */

@@ -555,7 +555,7 @@ export class FrontDoor extends EventEmitter {
     if (this.successor !== null) return;
     const hints = [...[...this.hintsFor.values()].flat(), ...this.stoppedHints];
     if (!file) {
-      for (let i = 0; i < hints.length; i++) this.mainSlot.bump(C_HINTS_LOST);
+      this.mainSlot.bump(C_HINTS_LOST, hints.length);
       this.stoppedHints.length = 0;
       this.hintsFor.clear();
       return;
@@ -564,7 +564,7 @@ export class FrontDoor extends EventEmitter {
       this.hintsSaved = saveHints(file, hints);
     } catch (err) {
       this.hintsSaved = 0;
-      for (let i = 0; i < hints.length; i++) this.mainSlot.bump(C_HINTS_LOST);
+      this.mainSlot.bump(C_HINTS_LOST, hints.length);
       // Counted once: a later write does not count (or save) them again.
       this.stoppedHints.length = 0;
       this.hintsFor.clear();
@@ -794,7 +794,7 @@ export class FrontDoor extends EventEmitter {
     // Attempts it had in flight end with it (a worker cut short by closeNow or a crash cannot
     // count them down itself), and so do the hints it still kept (a drained one kept none).
     const lost = new CounterSlot(this.counters, handle.slot, this.nodes.length).resetInflight(this.nodes.length);
-    for (let i = 0; i < lost; i++) this.mainSlot.bump(C_HINTS_LOST);
+    this.mainSlot.bump(C_HINTS_LOST, lost);
     this.mainSlot.flush();
     this.hintsLostWithWorkers += lost;
     if (this.stopping) return;
