@@ -110,11 +110,26 @@ describe('front door: the hedge budget', () => {
     }
   });
 
-  it('refuses a bad hedge budget, drain timeout, host or an https node (the built-in client speaks http), naming it', async () => {
+  it('refuses a bad hedge budget, hedge delay, health interval, request or drain timeout, host or an https node (the built-in client speaks http), naming it', async () => {
     const nodes = [{ id: 'x', url: 'http://127.0.0.1:9' }];
     await assert.rejects(route({ nodes, hedgeBudgetPercent: 101 }), /hedgeBudgetPercent: bad value 101/);
     await assert.rejects(route({ nodes, drainTimeoutMs: Number.NaN }), /drainTimeoutMs: bad value NaN/);
     await assert.rejects(route({ nodes, drainTimeoutMs: -1 }), /drainTimeoutMs: bad value -1/);
+    // The same ranges as the command's flags, each refused as a ConfigError with its own name.
+    for (const [options, pattern] of [
+      [{ hedgeDelayMs: -1 }, /^hedgeDelayMs: bad value -1 \(milliseconds, 0-600000\)$/],
+      [{ hedgeDelayMs: Number.NaN }, /^hedgeDelayMs: bad value NaN/],
+      [{ requestTimeoutMs: 0 }, /^requestTimeoutMs: bad value 0 \(milliseconds, 1-3600000\)$/],
+      [{ requestTimeoutMs: -1 }, /^requestTimeoutMs: bad value -1/],
+      [{ healthIntervalMs: 0 }, /^healthIntervalMs: bad value 0 \(milliseconds, 10-3600000\)$/],
+    ] as const) {
+      await assert.rejects(route({ nodes, ...options }), (err: Error) => {
+        assert.equal(err.name, 'ConfigError');
+        assert.equal((err as { code?: string }).code, 'LF_ERR_CONFIG');
+        assert.match(err.message, pattern);
+        return true;
+      });
+    }
     await assert.rejects(route({ nodes, host: 42 as unknown as string }), /host: bad value 42/);
     // Before any worker starts, not as a plain Error from a worker later on.
     await assert.rejects(route({ nodes: [{ id: 's', url: 'https://127.0.0.1:9' }], port: 0 }), (err: Error) => {

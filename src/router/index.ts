@@ -64,27 +64,25 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
   if (!Number.isInteger(threads) || threads < 1 || threads > 256) throw new ConfigError(`threads: bad value ${threads}`);
   const host = options.host ?? DEFAULT_HOST;
   if (typeof host !== 'string' || host === '') throw new ConfigError(`host: bad value ${String(host)}`);
-  const drain = options.drainTimeoutMs;
-  if (drain !== undefined && !(typeof drain === 'number' && drain >= 0 && drain <= 3_600_000)) {
-    // Also bounds the supervisor's last-resort deadline (drain + 5 s): NaN would make it fire at once.
-    throw new ConfigError(`drainTimeoutMs: bad value ${drain} (milliseconds, 0-3600000)`);
-  }
-  const budget = options.hedgeBudgetPercent;
-  if (budget !== undefined && !(typeof budget === 'number' && budget >= 0 && budget <= 100)) {
-    throw new ConfigError(`hedgeBudgetPercent: bad value ${budget} (a percentage, 0-100)`);
-  }
+  // The command's ranges (config.ts), so the library and the command refuse the same values.
+  const hedgeDelayMs = bounded('hedgeDelayMs', options.hedgeDelayMs, 0, 600_000, 'milliseconds');
+  const healthIntervalMs = bounded('healthIntervalMs', options.healthIntervalMs, 10, 3_600_000, 'milliseconds');
+  const requestTimeoutMs = bounded('requestTimeoutMs', options.requestTimeoutMs, 1, 3_600_000, 'milliseconds');
+  // Also bounds the supervisor's last-resort deadline (drain + 5 s): NaN would make it fire at once.
+  const drain = bounded('drainTimeoutMs', options.drainTimeoutMs, 0, 3_600_000, 'milliseconds');
+  const budget = bounded('hedgeBudgetPercent', options.hedgeBudgetPercent, 0, 100, 'a percentage');
   const door = await FrontDoor.start({
     host,
     port,
     threads,
     clusters: [{ name: DEFAULT_CLUSTER, members }],
     routes: [RPC_ROUTE],
-    healthIntervalMs: options.healthIntervalMs ?? DEFAULT_HEALTH_INTERVAL_MS,
+    healthIntervalMs: healthIntervalMs ?? DEFAULT_HEALTH_INTERVAL_MS,
     healthTimeoutMs: DEFAULT_HEALTH_TIMEOUT_MS,
     settings: defaultSettings({
-      ...(options.hedgeDelayMs !== undefined ? { hedgeDelayMs: options.hedgeDelayMs } : {}),
+      ...(hedgeDelayMs !== undefined ? { hedgeDelayMs } : {}),
       ...(budget !== undefined ? { hedgeBudgetPercent: budget } : {}),
-      ...(options.requestTimeoutMs !== undefined ? { requestTimeoutMs: options.requestTimeoutMs } : {}),
+      ...(requestTimeoutMs !== undefined ? { requestTimeoutMs } : {}),
       ...(drain !== undefined ? { drainTimeoutMs: drain } : {}),
     }),
   });
@@ -96,4 +94,11 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
     stop: () => door.stop(),
     frontDoor: door,
   };
+}
+
+/** An optional number option within [min, max], or a ConfigError naming it. */
+function bounded(name: string, value: number | undefined, min: number, max: number, unit: string): number | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== 'number' || !(value >= min && value <= max)) throw new ConfigError(`${name}: bad value ${String(value)} (${unit}, ${min}-${max})`);
+  return value;
 }
