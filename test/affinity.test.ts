@@ -283,6 +283,39 @@ describe('affinity through the front door', () => {
     }
   });
 
+  it('relays its own node\'s 503 with a Retry-After (the node sheds load) and keeps the client there; a plain 503 still moves it', async () => {
+    const placed = await read();
+    const id = String(placed.headers['x-lakefront-served-by']);
+    const ticket = String(placed.headers['x-lakefront-affinity']);
+    const node = nodes.find((n) => n.id === id)!;
+    const others = nodes.filter((n) => n !== node);
+    const before = others.map((n) => n.received.length);
+    node.behaviour = { kind: 'answer', status: 503, headers: { 'retry-after': '5' }, body: '{"error":"shed"}' };
+    try {
+      const shed = await read(ticket);
+      assert.equal(shed.status, 503, 'the node\'s own answer');
+      assert.equal(shed.headers['retry-after'], '5');
+      assert.equal(shed.headers['x-lakefront-served-by'], id);
+      assert.equal(shed.headers['x-lakefront-affinity'], undefined, 'no new ticket: the client stays placed');
+      assert.equal(shed.text, '{"error":"shed"}');
+      assert.deepEqual(others.map((n) => n.received.length), before, 'not tried elsewhere');
+      // Without a ticket the same 503 is a node that cannot serve: the request moves on.
+      for (let i = 0; i < 3; i++) {
+        const unpinned = await read();
+        assert.equal(unpinned.status, 200);
+        assert.notEqual(unpinned.headers['x-lakefront-served-by'], id);
+      }
+      // A 503 without a Retry-After from its own node: failed over, and a fresh ticket.
+      node.behaviour = { kind: 'answer', status: 503 };
+      const failedOver = await read(ticket);
+      assert.equal(failedOver.status, 200);
+      assert.notEqual(failedOver.headers['x-lakefront-served-by'], id);
+      assert.equal(nodeOf(book.check(String(failedOver.headers['x-lakefront-affinity']))), failedOver.headers['x-lakefront-served-by']);
+    } finally {
+      node.behaviour = { kind: 'answer' };
+    }
+  });
+
   it('never relays a node\'s own ticket header, and renews a ticket past half its life', async () => {
     const placed = await read();
     const id = String(placed.headers['x-lakefront-served-by']);

@@ -45,7 +45,14 @@ async function closed(ws: WebSocket): Promise<{ code: number; reason: string }> 
 
 /** The plain HTTP answer a handshake got instead of a 101. */
 async function refusal(ws: WebSocket): Promise<{ status: number; headers: IncomingHttpHeaders; body: string }> {
-  const [, response] = (await once(ws, 'unexpected-response')) as [unknown, import('node:http').IncomingMessage];
+  // An accepted handshake fails the test at once, rather than waiting out its timeout.
+  const accepted = new Promise<never>((_resolve, reject) =>
+    ws.once('open', () => {
+      ws.terminate();
+      reject(new Error('the handshake was accepted, not refused'));
+    }),
+  );
+  const [, response] = (await Promise.race([once(ws, 'unexpected-response'), accepted])) as [unknown, import('node:http').IncomingMessage];
   let body = '';
   for await (const chunk of response) body += chunk;
   ws.on('error', () => undefined); // terminating a handshake that never opened reports an error
@@ -378,7 +385,7 @@ describe('WebSocket tunnels with affinity tickets', () => {
     return { ticket: greeting.ticket, node: node.id, protocol };
   }
 
-  it('sends the ticket first, and a reconnect that offers it lands on the same node', async () => {
+  it('sends the ticket first, a reconnect that offers it lands on the same node, and that node\'s load shedding is relayed', async () => {
     const book = new TicketBook(affinity);
     const placed = await visit();
     assert.equal((book.check(placed.ticket) as { node: string }).node, placed.node, 'the first message names the node');
@@ -397,6 +404,28 @@ describe('WebSocket tunnels with affinity tickets', () => {
     assert.equal(withApp.protocol, 'chat.v2', "the node's own choice wins");
     assert.equal(nodes.find((n) => n.id === placed.node)!.handshakes.at(-1)!['sec-websocket-protocol'], 'chat.v2');
     assert.equal((await visit([], { 'x-lakefront-affinity': placed.ticket })).node, placed.node, 'or as a header');
+    // Its node shedding load (503 with a Retry-After) is relayed: the client is not moved. A 503
+    // without one is a node that cannot serve, passed over, and the client gets a fresh ticket.
+    const own = nodes.find((n) => n.id === placed.node)!;
+    own.refuseWith = 503;
+    own.refusalHeaders = 'retry-after: 5\r\n';
+    try {
+      const counts = nodes.map((n) => n.handshakes.length);
+      const shed = await refusal(connect(door.url, null, [`lakefront-affinity.${placed.ticket}`]));
+      assert.equal(shed.status, 503);
+      assert.equal(shed.headers['retry-after'], '5');
+      assert.equal(shed.headers['x-lakefront-served-by'], placed.node);
+      assert.deepEqual(nodes.map((n, i) => n.handshakes.length - counts[i]!), nodes.map((n) => (n === own ? 1 : 0)), 'no other node tried');
+      own.refusalHeaders = '';
+      const tried = nodes.map((n) => n.handshakes.length);
+      const moved = await visit([`lakefront-affinity.${placed.ticket}`]);
+      const fresh = (book.check(moved.ticket) as { node: string }).node;
+      assert.notEqual(fresh, placed.node, 'placed anew, on another node');
+      assert.deepEqual(nodes.map((n, i) => n.handshakes.length - tried[i]!), nodes.map((n) => (n === own || n.id === fresh ? 1 : 0)), 'its own node, then the one the fresh ticket names');
+    } finally {
+      own.refuseWith = 0;
+      own.refusalHeaders = '';
+    }
     // A node's refusal is relayed, but not a ticket header of its own.
     for (const n of nodes) n.refuseWith = 403;
     try {

@@ -22,10 +22,14 @@
  *
  * An attempt *fails* when the transport errors (connect, reset, timeout) or when the node answers
  * 502, 503 or 504, which say the node could not serve rather than what the request did. Any other
- * status is an answer and is relayed as is.
+ * status is an answer and is relayed as is. One exception (`ownNodeFirst`, seed 004): the first
+ * candidate is the client's own node (an affinity ticket names it), and it answers 503 with a
+ * `Retry-After`. The node is shedding load and says when to come back; its session is there, so
+ * that is its answer, relayed, and the client stays placed on it.
  */
 import { performance } from 'node:perf_hooks';
 import { ErrorCodes } from '../errors.js';
+import { HeaderFields } from './fields.js';
 import { LOW_BUDGET_PATIENCE, type HedgeBudget, type HedgeWaiter } from './budget.js';
 
 export interface AttemptHandle {
@@ -112,6 +116,14 @@ export function isGatewayFailure(status: number): boolean {
   return status === 502 || status === 503 || status === 504;
 }
 
+/**
+ * A 503 with a `Retry-After`: the node is shedding load and tells the client when to come back
+ * (seed 004's follower in Shed). Headers as the worker's transports give them.
+ */
+export function isBackOff(status: number, headers: unknown): boolean {
+  return status === 503 && headers instanceof HeaderFields && headers.find('retry-after') !== null;
+}
+
 export interface ExchangeFailure {
   readonly code: string;
   readonly status: number;
@@ -134,6 +146,11 @@ export class Exchange implements HedgeWaiter {
   hedgeEnabled = false;
   /** A write whose attempt provably never left may go to the next candidate (nothing can land twice). */
   failoverUnsent = false;
+  /**
+   * The first candidate is the client's own node (an affinity ticket): its 503 with a
+   * `Retry-After` (it sheds load) is relayed, not failed over.
+   */
+  ownNodeFirst = false;
   /** Operation class (OP_READ / OP_WRITE), for policies' feedback. */
   op = 0;
   /** Opaque per-request state for the driver (the client response, the request body ...). */
@@ -238,7 +255,7 @@ export class Exchange implements HedgeWaiter {
   answered(ordinal: number, status: number, headers: unknown, body: Buffer, latencyMs: number): void {
     if (!this.finish(ordinal)) return;
     if (this.done) return;
-    if (this.retryable && isGatewayFailure(status)) {
+    if (this.retryable && isGatewayFailure(status) && !(ordinal === 0 && this.ownNodeFirst && isBackOff(status, headers))) {
       this.next(false, ordinal);
       return;
     }

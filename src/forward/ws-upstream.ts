@@ -62,9 +62,10 @@ export interface WsUpstreamOptions {
   readonly maxRefusalBytes: number;
   /**
    * Statuses that fail the attempt as soon as the head is read (`onFailed`), its body unread:
-   * the next node is tried at once rather than after a slow body.
+   * the next node is tried at once rather than after a slow body. `headers`: the answer's
+   * fields by lower-case name (repeats joined with ", ").
    */
-  readonly passOver?: (status: number) => boolean;
+  readonly passOver?: (status: number, headers: ReadonlyMap<string, string>) => boolean;
   /** How long a close this side started (or answered) waits for the node. Default 5000. */
   readonly closeWaitMs?: number;
 }
@@ -362,7 +363,7 @@ export class WsUpstream {
     }
     // Interim answers (100, 102, 103) come before the final one.
     if (code >= 100 && code < 200) return after;
-    if (this.options.passOver?.(code) === true) {
+    if (this.options.passOver?.(code, byName) === true) {
       this.fail(`the node answered ${code}`);
       return end;
     }

@@ -231,8 +231,11 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
       else {
         exchange.count = count;
         // Pinned, the request belongs on its node (its session lives there): no hedge to
-        // another one. A failure still fails over, and the client is re-placed with a ticket.
+        // another one. A failure still fails over, and the client is re-placed with a ticket;
+        // but the node's 503 with a Retry-After (it sheds load) is its answer, and the client
+        // keeps its ticket.
         exchange.hedgeEnabled = false;
+        exchange.ownNodeFirst = true;
       }
     }
     if (exchange.hedgeEnabled) runtime.hedgeBudget.deposit();

@@ -5,7 +5,8 @@
  *   header), as for a read. The handshake is tried down the ranking: a node that refuses, resets,
  *   times out, answers 502/503/504 or picks a subprotocol nobody offered is passed over (a
  *   handshake is a GET, safe to repeat); 502 when every node was. Any other answer that is not
- *   a 101 is relayed to the client as it is.
+ *   a 101 is relayed to the client as it is, and so is a 503 with a `Retry-After` from the node
+ *   the client's ticket names (it sheds load, and the client's session is there: seed 004).
  * - The node gets the path as the client sent it; a path with a dot segment is refused (400): a
  *   node that resolves it would serve another path than the one routed (and classified).
  * - The client is upgraded only once the node has accepted, with the subprotocol the node chose
@@ -36,6 +37,11 @@ import type { ClusterRuntime } from './cluster-runtime.js';
 import type { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, type NodeSpec, type RouteSpec } from './protocol.js';
 import { statusBytes } from './relay.js';
+
+/** The ticket's own node: passed over as any other, except when it sheds load (503 + Retry-After). */
+function passOverOwnNode(status: number, headers: ReadonlyMap<string, string>): boolean {
+  return isGatewayFailure(status) && !(status === 503 && headers.has('retry-after'));
+}
 
 /** `WsUpstream.state` of an open socket. */
 const OPEN = 1;
@@ -290,8 +296,9 @@ export class WebSocketTunnels {
       };
       // The node's origin and the path as the client sent it (no URL resolution).
       const upstream = new WsUpstream(
-        // A node that cannot serve now (502, 503, 504) is passed over at its status line.
-        { origin: this.origins[g]!, path, headers, handshakeTimeoutMs: host.handshakeTimeoutMs, maxPayload: host.maxMessageBytes, maxRefusalBytes: MAX_RELAYED_BODY, passOver: isGatewayFailure },
+        // A node that cannot serve now (502, 503, 504) is passed over at its status line; the
+        // client's own node (its ticket's) that sheds load (503 with a Retry-After) is relayed.
+        { origin: this.origins[g]!, path, headers, handshakeTimeoutMs: host.handshakeTimeoutMs, maxPayload: host.maxMessageBytes, maxRefusalBytes: MAX_RELAYED_BODY, passOver: ordinal === 0 && node === pin ? passOverOwnNode : isGatewayFailure },
         handshake,
       );
       current = upstream;
