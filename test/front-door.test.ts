@@ -306,6 +306,26 @@ describe('front door: HTTP surface', () => {
     assert.equal(got[0]!.headers['content-length'], '2');
   });
 
+  it('refuses two different content-length lines (400, connection closed) and forwards nothing; two equal ones are one', async () => {
+    // No `connection: close`: the front door closes the connection itself (the framing is in doubt).
+    const send = (lengths: string, body: string): Promise<string> =>
+      rawExchange(server.url, `POST /rpc/board.append HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cl-board\r\n${lengths}\r\n${body}`);
+    for (const [lengths, body] of [
+      ['content-length: 3\r\ncontent-length: 2\r\n', 'abc'],
+      ['content-length: 2\r\ncontent-length: 3\r\n', 'abc'],
+      // The first frames the body for uWS: 100 bytes that never come (this one had no answer).
+      ['content-length: 100\r\ncontent-length: 2\r\n', '{}'],
+    ] as const) {
+      const answer = await send(lengths, body);
+      assert.match(answer, /^HTTP\/1\.1 400 /, lengths);
+      assert.match(answer, /"error":"two different content-length lines","code":"LF_ERR_BAD_REQUEST"/, lengths);
+    }
+    assert.equal(nodes.reduce((n, node) => n + node.received.length, 0), 0, 'no node saw any of them');
+    const same = await rawExchange(server.url, `POST /rpc/board.append HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cl-board\r\ncontent-length: 2\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}`);
+    assert.match(same, /^HTTP\/1\.1 200 /);
+    assert.equal(nodes.flatMap((node) => node.received)[0]!.body, '{}');
+  });
+
   it('passes a WebSocket handshake on as one (a node that answers it with a plain response has it relayed); other upgrades are ignored', async () => {
     const send = (upgrade: string): Promise<string> =>
       rawExchange(

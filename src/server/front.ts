@@ -913,6 +913,12 @@ export class WorkerFront implements TunnelHost {
       this.refuseCodings(res, scan.codings, head);
       return;
     }
+    // Which of two lengths frames the body is the request smuggler's question (RFC 9112 6.3):
+    // refused, and the connection closed, as its framing is in doubt.
+    if (scan.lengthConflict) {
+      this.refuse(res, 400, errorBody('two different content-length lines', ErrorCodes.BAD_REQUEST), true, null, head);
+      return;
+    }
     const contentLength = scan.contentLength;
     let expected = -1;
     if (!scan.chunked) {
@@ -970,6 +976,8 @@ const scan = {
   headers: [] as string[],
   key: '',
   contentLength: '',
+  /** Two content-length lines with different values came. */
+  lengthConflict: false,
   chunked: false,
   /** The transfer-encoding list ('' when none). */
   codings: '',
@@ -983,6 +991,7 @@ const scan = {
     this.headers = [];
     this.key = '';
     this.contentLength = '';
+    this.lengthConflict = false;
     this.chunked = false;
     this.codings = '';
     this.upgrade = '';
@@ -1020,6 +1029,7 @@ function scanHeader(name: string, value: string): void {
       break;
     case 14:
       if (name === 'content-length') {
+        if (scan.contentLength !== '' && scan.contentLength !== value) scan.lengthConflict = true;
         scan.contentLength = value;
         return;
       }
