@@ -104,12 +104,16 @@ export const MAX_KEY_LENGTH = 1024;
 
 /**
  * Whether a request path holds a dot segment (`.` or `..`, or either with the dot
- * percent-encoded). A node that normalises the path would serve another one than the front door
+ * percent-encoded), between separators that a node might take for `/`: the slash itself, a
+ * percent-encoded one (`%2F`), and a backslash, plain or encoded (`%5C`), which some servers
+ * read as a slash. A node that normalises the path would serve another one than the front door
  * classified (a write under a read prefix could be hedged: sent twice), so such paths are refused
- * where the path decides (operation rules, and WebSocket handshakes, whose client library
- * normalises them).
+ * where the path decides (operation rules, replicated keys, and WebSocket handshakes, whose
+ * client library normalises them).
  */
 export function hasDotSegment(path: string): boolean {
-  if (path.indexOf('/.') < 0 && path.indexOf('%2') < 0) return false;
-  return /(?:^|\/)(?:\.|%2e){1,2}(?:\/|$)/i.test(path);
+  if (path.indexOf('.') < 0 && path.indexOf('%') < 0) return false;
+  return DOT_SEGMENT.test(path);
 }
+
+const DOT_SEGMENT = /(?:^|\/|\\|%2f|%5c)(?:\.|%2e){1,2}(?:\/|\\|%2f|%5c|$)/i;

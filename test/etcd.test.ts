@@ -89,7 +89,7 @@ describe('etcd behind Lakefront', () => {
       assert.equal(watch.json<{ code: string }>().code, 'LF_ERR_UNSUPPORTED');
       // Nor can it get past the rules by a dot segment a node might resolve (raw: fetch and
       // undici would resolve it themselves).
-      for (const path of ['/v3/kv/%2e%2e/watch', '/v3/kv/../watch', '/v3/kv/range/%2E%2E/put']) {
+      for (const path of ['/v3/kv/%2e%2e/watch', '/v3/kv/../watch', '/v3/kv/range/%2E%2E/put', '/v3/kv/range%2F..%2Fput', '/v3/kv/range%5C..%5Cput']) {
         const raw = await rawExchange(door.url, `POST ${path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}`, { done: (text) => text.endsWith('}') });
         assert.match(raw, /^HTTP\/1\.1 400 /, path);
         assert.match(raw, /dot segment/);
