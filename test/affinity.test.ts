@@ -4,6 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
+import { performance } from 'node:perf_hooks';
 import { Buffer } from 'node:buffer';
 import { createHmac } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
@@ -342,6 +343,65 @@ describe('affinity through the front door', () => {
     const reply = await rpc(door.url, 'board.append', 'unused', { headers: { 'x-lakefront-affinity': ticket } });
     assert.equal(reply.status, 200);
     assert.equal(reply.headers['x-lakefront-served-by'], placed.headers['x-lakefront-served-by']);
+  });
+});
+
+describe('a node that cannot be reached (seed 004: marked failed for three seconds)', () => {
+  const HOLD_MS = 2_000;
+  let nodes: FakeNode[];
+  let door: FrontDoor;
+  const book = new TicketBook(settings());
+  before(async () => {
+    nodes = await startNodes('hold-a', 'hold-b', 'hold-c');
+    door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [{ pattern: '/rpc/*', cluster: 'default', policy: 'round_robin', keyHeader: null, affinity: settings() }],
+      healthIntervalMs: 50,
+      healthTimeoutMs: 500,
+      unreachableHoldMs: HOLD_MS,
+      settings: defaultSettings({ requestTimeoutMs: 300 }),
+    });
+  });
+  after(async () => {
+    await door.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  const read = (ticket: string) => call(`${door.url}/rpc/query.execute`, { headers: { 'x-lakefront-affinity': ticket } });
+  const healthy = async (): Promise<string[]> => (await call(`${door.url}/health`)).json<{ healthy: string[] }>().healthy;
+
+  it('keeps a node whose request timed out out of every ranking for the hold, though it passes its probes, then takes it back', async () => {
+    const placed = await call(`${door.url}/rpc/query.execute`);
+    const id = String(placed.headers['x-lakefront-served-by']);
+    const ticket = String(placed.headers['x-lakefront-affinity']);
+    const hung = nodes.find((n) => n.id === id)!;
+    hung.behaviour = { kind: 'hang' };
+    const started = performance.now();
+    try {
+      const moved = await read(ticket);
+      assert.equal(moved.status, 200, 'failed over after the request timeout');
+      assert.notEqual(moved.headers['x-lakefront-served-by'], id);
+      assert.equal(nodeOf(book.check(String(moved.headers['x-lakefront-affinity']))), moved.headers['x-lakefront-served-by'], 'placed anew, with a fresh ticket');
+      // Its health probes pass all along; it stays out all the same.
+      await hung.nextProbe();
+      await hung.nextProbe();
+      assert.ok(!(await healthy()).includes(id), 'out of the ranking');
+      const hits = hung.received.length;
+      const again = await read(ticket);
+      assert.equal(again.status, 200);
+      assert.notEqual(again.headers['x-lakefront-served-by'], id);
+      assert.equal(hung.received.length, hits, 'not tried again (it would have cost another timeout)');
+    } finally {
+      hung.behaviour = { kind: 'answer' };
+    }
+    // Back after the hold, by a passing probe, and its ticket holders with it.
+    while (!(await healthy()).includes(id)) await hung.nextProbe();
+    assert.ok(performance.now() - started >= HOLD_MS, 'not before the hold is over');
+    const back = await read(ticket);
+    assert.equal(back.headers['x-lakefront-served-by'], id);
   });
 });
 

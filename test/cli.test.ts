@@ -96,6 +96,7 @@ describe('lakefront command: bad configuration stops start-up with exit 2 and on
     // 192.0.2.1 is TEST-NET-1: documentation only, never an address of this machine.
     ['host not on this machine', ['--host', '192.0.2.1', '--port', '0', '--nodes', 'a=http://127.0.0.1:1'], {}, /host: cannot listen on "192\.0\.2\.1" \(EADDRNOTAVAIL/],
     ['bad hedge delay', [], { LAKEFRONT_NODES: 'a=http://127.0.0.1:1', LAKEFRONT_HEDGE_MS: '-5' }, /LAKEFRONT_HEDGE_MS: not a whole number: "-5"/],
+    ['bad unreachable hold', ['--unreachable-hold-ms', '3600001', '--nodes', 'a=http://127.0.0.1:1'], {}, /--unreachable-hold-ms: 3600001 is out of range 0\.\.3600000/],
     ['unknown flag', ['--nodez', 'x'], {}, /Unknown option '--nodez'/],
     ['unknown upstream client', ['--upstream-client', 'curl', '--nodes', 'a=http://127.0.0.1:1'], {}, /--upstream-client: must be h1 or undici, got "curl"/],
   ];

@@ -34,7 +34,7 @@ process.on('unhandledRejection', die);
 try {
   front = new WorkerFront(init, {
     requestStats: (id) => send({ t: 'stats-request', id }),
-    nodeRefused: (node) => send({ t: 'node-refused', node }),
+    nodeUnreachable: (node) => send({ t: 'node-unreachable', node }),
     leaderFailed: (node) => send({ t: 'leader-failed', node }),
   });
 } catch (err) {

@@ -15,6 +15,7 @@ import {
   DEFAULT_CLUSTER,
   DEFAULT_HEALTH_INTERVAL_MS,
   DEFAULT_HEALTH_TIMEOUT_MS,
+  DEFAULT_UNREACHABLE_HOLD_MS,
   DEFAULT_HOST,
   RPC_ROUTE,
   DEMO_KV_ROUTE,
@@ -46,6 +47,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'hedge-budget-percent', env: 'LAKEFRONT_HEDGE_BUDGET_PERCENT', value: 'p', help: 'hedges may not exceed this share of retryable requests; less while hedges seldom win [5]' },
   { flag: 'health-interval-ms', env: 'LAKEFRONT_HEALTH_INTERVAL_MS', value: 'ms', help: 'health-poll interval [1000]' },
   { flag: 'health-timeout-ms', env: 'LAKEFRONT_HEALTH_TIMEOUT_MS', value: 'ms', help: 'health-probe deadline [500]' },
+  { flag: 'unreachable-hold-ms', env: 'LAKEFRONT_UNREACHABLE_HOLD_MS', value: 'ms', help: 'a node a request could not reach (refused, no connection or no answer in time) is out of every ranking this long, then until a health probe passes [3000]' },
   { flag: 'request-timeout-ms', env: 'LAKEFRONT_REQUEST_TIMEOUT_MS', value: 'ms', help: 'an attempt slower than this fails [10000]' },
   { flag: 'max-body-bytes', env: 'LAKEFRONT_MAX_BODY_BYTES', value: 'n', help: 'largest request body accepted [1048576]' },
   { flag: 'upstream-client', env: 'LAKEFRONT_UPSTREAM_CLIENT', value: 'h1|undici', help: 'upstream HTTP client [h1]' },
@@ -238,6 +240,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     accessLog: pathOf(read('access-log'), file?.accessLog, 'leave it out for no access log'),
     healthIntervalMs: int('health-interval-ms', DEFAULT_HEALTH_INTERVAL_MS, 10, 3_600_000),
     healthTimeoutMs: int('health-timeout-ms', DEFAULT_HEALTH_TIMEOUT_MS, 1, 60_000),
+    unreachableHoldMs: int('unreachable-hold-ms', DEFAULT_UNREACHABLE_HOLD_MS, 0, 3_600_000),
     settings: defaultSettings({
       hedgeMode: modeRaw ? oneOf(modeRaw[0], modeRaw[1], ['percentile', 'fixed', 'off'] as const) : undefined,
       hedgeDelayMs: opt('hedge-ms', 0, 600_000),

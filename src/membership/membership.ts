@@ -7,6 +7,7 @@
  * Capacity is kept apart from health: a slow node is de-preferred by a lower weight, not removed.
  */
 import { EventEmitter } from 'node:events';
+import { performance } from 'node:perf_hooks';
 import { ConfigError } from '../errors.js';
 import { quantiseWeight, type NodeInfo } from '../hashing/rendezvous.js';
 import { PollLoop } from './poll.js';
@@ -75,6 +76,8 @@ interface MemberState {
   readonly config: MemberConfig;
   healthy: boolean;
   capacity: number;
+  /** performance.now() before which no probe may bring it back (`markUnhealthy`'s hold). */
+  heldUntil: number;
 }
 
 export class Membership extends EventEmitter {
@@ -96,7 +99,7 @@ export class Membership extends EventEmitter {
     this.fetchImpl = options.fetch ?? globalThis.fetch;
     // Members start healthy: a front door that has not probed yet should try, and failover
     // covers a node that turns out to be down.
-    this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: 1 }]));
+    this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: 1, heldUntil: 0 }]));
     this.loop = new PollLoop(this.intervalMs, () =>
       this.probeOnce().catch((err: unknown) => {
         this.emit('error', err);
@@ -143,7 +146,7 @@ export class Membership extends EventEmitter {
   probeOnce(): Promise<void> {
     // Overlapping rounds would race each other's verdicts: join the one under way.
     if (this.probing) return this.probing;
-    this.probing = Promise.all(this.members.map((m) => this.probe(m).then((healthy) => this.verdict(m.id, healthy)))).then(
+    this.probing = Promise.all(this.members.map((m) => this.probe(m).then((healthy) => this.verdict(m.id, healthy && !this.held(m.id))))).then(
       () => {
         this.probing = null;
       },
@@ -174,10 +177,20 @@ export class Membership extends EventEmitter {
     if (quantiseWeight(capacity) !== before && state.healthy) this.emit('change');
   }
 
-  /** Marks a member unhealthy now, outside the poll cadence; the next good probe restores it. */
-  markUnhealthy(id: string): void {
-    this.stateOf(id);
+  /**
+   * Marks a member unhealthy now, outside the poll cadence. The next good probe restores it, but
+   * none before `holdMs` has passed (a later mark can extend the hold, never shorten it).
+   */
+  markUnhealthy(id: string, holdMs = 0): void {
+    const state = this.stateOf(id);
+    if (!(Number.isFinite(holdMs) && holdMs >= 0)) throw new RangeError(`holdMs must be a non-negative number, got ${holdMs}`);
+    state.heldUntil = Math.max(state.heldUntil, performance.now() + holdMs);
     this.verdict(id, false);
+  }
+
+  /** Whether a hold from `markUnhealthy` still keeps the member out. */
+  private held(id: string): boolean {
+    return performance.now() < this.states.get(id)!.heldUntil;
   }
 
   private verdict(id: string, healthy: boolean): void {

@@ -7,7 +7,7 @@ import { performance } from 'node:perf_hooks';
 import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDriver } from '../forward/exchange.js';
 import { HedgeBudget } from '../forward/budget.js';
 import { SampleWindow } from '../forward/latency.js';
-import type { H1Agent } from '../forward/h1.js';
+import { H1Codes, type H1Agent } from '../forward/h1.js';
 import { createTransport, type AttemptObserver, type AttemptSink, type NodeTransport, type UpstreamRequest } from '../forward/upstream.js';
 import { HashRing } from '../hashing/ring.js';
 import type { ReplicaHost } from '../replication/fanout.js';
@@ -79,8 +79,27 @@ export interface ReplicationContext {
   refresh(): void;
 }
 
-/** Minimum gap between two passive "connection refused" reports for one node. */
-const REFUSED_REPORT_GAP_MS = 500;
+/** Minimum gap between two passive "unreachable" reports for one node. */
+const UNREACHABLE_REPORT_GAP_MS = 500;
+
+/**
+ * Attempt failures that say the node could not be reached: refused, no connection in time, or
+ * no answer in time (the h1 client's codes, undici's, the kernel's). Each is reported to the
+ * control plane, which takes the node out of every ranking for `--unreachable-hold-ms` (seed
+ * 004: "the edge marks an unreachable follower as failed for three seconds"). A reset is not:
+ * a node may close a kept-alive connection as a request goes out, and a node that is gone
+ * refuses the next connection anyway.
+ */
+const UNREACHABLE_CODES: ReadonlySet<string> = new Set([
+  'ECONNREFUSED',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'ETIMEDOUT',
+  H1Codes.CONNECT_TIMEOUT,
+  H1Codes.TIMEOUT,
+  'UND_ERR_CONNECT_TIMEOUT',
+  'UND_ERR_HEADERS_TIMEOUT',
+]);
 
 export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaHost {
   readonly name: string;
@@ -100,7 +119,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   /** The policies that learn from attempt outcomes (`observe`), as an array for the hot path. */
   private observers: Policy[] = [];
   private readonly policySettings: PolicySettings;
-  private readonly lastRefusedAt: Float64Array;
+  private readonly lastUnreachableAt: Float64Array;
   /** Region index per node; nodes without a region share one. */
   readonly regionOf: Int32Array;
   /** Region names by index ('' for the nodes without one). */
@@ -119,7 +138,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     private readonly settings: DataPlaneSettings,
     private readonly slot: CounterSlot,
     private readonly histograms: NodeHistograms,
-    private readonly onRefused: (globalNode: number) => void,
+    private readonly onUnreachable: (globalNode: number) => void,
     agent: H1Agent,
     private readonly onLeaderFailed: (globalNode: number) => void = () => undefined,
     private readonly replication: ReplicationContext | null = null,
@@ -136,7 +155,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     };
     this.transports = spec.nodes.map((g) => createTransport(settings.upstreamClient, nodes[g]!.url, transportOptions, this, agent));
     this.windows = spec.nodes.map(() => new SampleWindow());
-    this.lastRefusedAt = new Float64Array(spec.nodes.length);
+    this.lastUnreachableAt = new Float64Array(spec.nodes.length);
     this.hedgeBudget = new HedgeBudget(settings.hedgeBudgetPercent);
     this.view = {
       ids: this.ids,
@@ -317,11 +336,12 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
         for (const policy of this.policies.values()) policy.leaderUnreachable?.(node);
         this.onLeaderFailed(g);
       }
-      if ((error as { code?: unknown } | null)?.code === 'ECONNREFUSED') {
+      const code = (error as { code?: unknown } | null)?.code;
+      if (typeof code === 'string' && UNREACHABLE_CODES.has(code)) {
         const now = performance.now();
-        if (now - this.lastRefusedAt[node]! >= REFUSED_REPORT_GAP_MS) {
-          this.lastRefusedAt[node] = now;
-          this.onRefused(g);
+        if (now - this.lastUnreachableAt[node]! >= UNREACHABLE_REPORT_GAP_MS) {
+          this.lastUnreachableAt[node] = now;
+          this.onUnreachable(g);
         }
       }
       return;

@@ -392,7 +392,8 @@ function writeCorked(): void {
 export interface FrontHooks {
   /** Ask the control plane for `/stats`; it answers through `statsReply`. */
   requestStats(id: number): void;
-  nodeRefused(globalNode: number): void;
+  /** An attempt found the node unreachable (at most one report a node per 500 ms, per thread). */
+  nodeUnreachable(globalNode: number): void;
   leaderFailed(globalNode: number): void;
 }
 
@@ -454,7 +455,7 @@ export class WorkerFront implements TunnelHost {
           init.settings,
           this.slot,
           this.histograms,
-          (g) => hooks.nodeRefused(g),
+          (g) => hooks.nodeUnreachable(g),
           this.agent,
           (g) => hooks.leaderFailed(g),
           replication,

@@ -12,6 +12,8 @@ export const DEFAULT_MAX_BODY_BYTES = 1024 * 1024;
 export const DEFAULT_UPSTREAM_CONNECTIONS = 64;
 export const DEFAULT_DRAIN_TIMEOUT_MS = 10_000;
 export const DEFAULT_CANCEL_GRACE_MS = 250;
+/** Seed 004: an unreachable node is marked failed for three seconds. */
+export const DEFAULT_UNREACHABLE_HOLD_MS = 3_000;
 export const DEFAULT_CLUSTER = 'default';
 
 export function defaultThreads(): number {

@@ -24,6 +24,7 @@ import { EtcdLeaderProbe } from '../membership/leader.js';
 import { quorumProblem, type QuorumSettings } from '../replication/quorum.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, SavedHint, WorkerInit, WorkerMessage } from './protocol.js';
 import { OWN_PATHS } from './protocol.js';
+import { DEFAULT_UNREACHABLE_HOLD_MS } from './settings.js';
 
 export interface ClusterConfig {
   readonly name: string;
@@ -58,6 +59,12 @@ export interface FrontDoorConfig {
   readonly routes: readonly RouteConfig[];
   readonly healthIntervalMs: number;
   readonly healthTimeoutMs: number;
+  /**
+   * How long a node an attempt could not reach (refused, or no connection or answer in time)
+   * stays out of every ranking before a passing health probe may bring it back. Default 3000
+   * (seed 004: "marks an unreachable follower as failed for three seconds").
+   */
+  readonly unreachableHoldMs?: number;
   readonly settings: DataPlaneSettings;
   readonly fetch?: typeof globalThis.fetch;
   /** The front door's own region (`local_quorum` on replicated routes). */
@@ -835,9 +842,9 @@ export class FrontDoor extends EventEmitter {
         new CounterSlot(this.counters, handle.slot, this.nodes.length).clearHintsPending();
         this.keepStopped(message.hints);
         break;
-      case 'node-refused': {
+      case 'node-unreachable': {
         const node = this.nodes[message.node];
-        if (node) this.memberships[node.cluster]!.markUnhealthy(node.id);
+        if (node) this.memberships[node.cluster]!.markUnhealthy(node.id, this.config.unreachableHoldMs ?? DEFAULT_UNREACHABLE_HOLD_MS);
         break;
       }
       case 'leader-failed': {
