@@ -100,7 +100,7 @@ describe('affinity tickets', () => {
     assert.deepEqual(new TicketBook(settings({ keys: [KEY_B] })).check(old), { refused: 'forged' }, 'the old key dropped');
   });
 
-  it('takes its keys from LAKEFRONT_AFFINITY_KEYS, never naming one in an error', () => {
+  it('takes its keys from LAKEFRONT_AFFINITY_KEYS or a keys file, never naming one in an error', () => {
     const dir = mkdtempSync(join(tmpdir(), 'lakefront-affinity-'));
     try {
       const path = join(dir, 'lf.json');
@@ -121,6 +121,22 @@ describe('affinity tickets', () => {
         () => parseCommand(['--config', path], { LAKEFRONT_AFFINITY_KEYS: `${KEY_A},${short}` }),
         (err: Error) => err instanceof ConfigError && /key 2 of 2 has 18 characters; at least 32/.test(err.message) && !err.message.includes(short),
       );
+      // Or from a keys file (one a line; blank lines and # comments skipped), never both.
+      const keys = join(dir, 'keys');
+      writeFileSync(keys, `# rotated 2026-11-30\n${KEY_B}\n\n  ${KEY_A}  \n`);
+      const fromFile = parseCommand(['--config', path, '--affinity-keys-file', keys], {}) as { config: FrontDoorConfig };
+      assert.deepEqual(fromFile.config.routes[0]!.affinity!.keys, [KEY_B, KEY_A]);
+      assert.deepEqual((parseCommand(['--config', path], { LAKEFRONT_AFFINITY_KEYS_FILE: keys }) as { config: FrontDoorConfig }).config.routes[0]!.affinity!.keys, [KEY_B, KEY_A]);
+      assert.throws(() => parseCommand(['--config', path, '--affinity-keys-file', keys], { LAKEFRONT_AFFINITY_KEYS: KEY_A }), /--affinity-keys-file: give the affinity keys either in LAKEFRONT_AFFINITY_KEYS or in a keys file, not both/);
+      assert.throws(() => parseCommand(['--config', path, '--affinity-keys-file', join(dir, 'missing')], {}), /--affinity-keys-file "[^"]+missing": cannot read it \(ENOENT\)/);
+      writeFileSync(keys, '# nothing yet\n\n');
+      assert.throws(() => parseCommand(['--config', path, '--affinity-keys-file', keys], {}), /holds no key \(one a line, the first signs\)/);
+      writeFileSync(keys, `${KEY_A}\n${short}\n`);
+      assert.throws(
+        () => parseCommand(['--config', path, '--affinity-keys-file', keys], {}),
+        (err: Error) => /--affinity-keys-file "[^"]+": key 2 of 2 has 18 characters; at least 32/.test(err.message) && !err.message.includes(short),
+      );
+      assert.throws(() => parseCommand(['--nodes', 'a=http://127.0.0.1:1', '--affinity-keys-file', keys], {}), /--affinity-keys-file: affinity tickets belong to routes in a configuration file \(--config\), and none is given/);
       const withAffinity = (affinity: unknown, keyHeader: string | null = null): void => {
         writeFileSync(path, JSON.stringify({ clusters: [{ name: 'c', nodes: 'a=http://127.0.0.1:1' }], routes: [{ path: '/live/*', cluster: 'c', policy: 'round_robin', keyHeader, affinity }] }));
         parseCommand(['--config', path], { LAKEFRONT_AFFINITY_KEYS: KEY_A });

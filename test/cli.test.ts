@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
 import { Client } from 'undici';
 import WebSocket, { WebSocketServer } from 'ws';
+import { TicketBook } from '../src/affinity/tickets.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 import { call, rpc, waitForLine } from './fixtures/http.js';
 
@@ -218,6 +219,60 @@ describe('lakefront command: running', () => {
       run.child.kill('SIGTERM');
       assert.equal(await exitOf(run), 0, run.output());
       assert.doesNotMatch(run.output(), ABORTED);
+    } finally {
+      run.child.kill('SIGKILL');
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('rotates affinity keys at SIGHUP from --affinity-keys-file: the new key signs, the old one verifies until it is dropped', async () => {
+    const KEY_OLD = 'o'.repeat(32) + '-old';
+    const KEY_NEW = 'n'.repeat(32) + '-new';
+    const dir = mkdtempSync(join(tmpdir(), 'lf-keys-'));
+    const file = join(dir, 'lf.json');
+    const keys = join(dir, 'keys');
+    writeFileSync(file, JSON.stringify({
+      clusters: [{ name: 'live', nodes: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [{ path: '/rpc/*', cluster: 'live', policy: 'round_robin', keyHeader: null, affinity: { app: 'rot' } }],
+    }));
+    writeFileSync(keys, `# signing key first\n${KEY_OLD}\n`, { mode: 0o600 });
+    const run = start(['--config', file, '--affinity-keys-file', keys, '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000']);
+    const signedBy = (ticket: string, key: string): boolean => 'node' in new TicketBook({ app: 'rot', header: 'x-lakefront-affinity', ttlSeconds: 3600, generation: 0, keys: [key] }).check(ticket);
+    const read = (url: string, ticket?: string) => call(`${url}/rpc/query.execute`, { headers: ticket === undefined ? {} : { 'x-lakefront-affinity': ticket } });
+    const reload = async (n: number): Promise<void> => {
+      run.child.kill('SIGHUP');
+      // The n-th reload's line, and its predecessor's drain.
+      await outputMatches(run, new RegExp(`(?:SIGHUP: reloaded [^]*){${n}}`));
+      await outputMatches(run, new RegExp(`(?:the previous configuration has drained[^]*){${n}}`));
+    };
+    try {
+      const [, url] = await waitForLine(run.child, /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+      const placed = await read(url!);
+      const old = String(placed.headers['x-lakefront-affinity']);
+      const home = placed.headers['x-lakefront-served-by'];
+      assert.ok(signedBy(old, KEY_OLD));
+      // Rotation: the new key first, the old one kept to verify.
+      writeFileSync(keys, `${KEY_NEW}\n\n${KEY_OLD}\n`);
+      await reload(1);
+      const kept = await read(url!, old);
+      assert.equal(kept.headers['x-lakefront-served-by'], home, 'an old ticket still holds');
+      assert.equal(kept.headers['x-lakefront-affinity'], undefined, 'and is not replaced');
+      const fresh = String((await read(url!)).headers['x-lakefront-affinity']);
+      assert.ok(signedBy(fresh, KEY_NEW) && !signedBy(fresh, KEY_OLD), 'new tickets are signed with the new key');
+      // The old key dropped: its tickets are no tickets, and the client is placed anew.
+      writeFileSync(keys, `${KEY_NEW}\n`);
+      await reload(2);
+      const replaced = await read(url!, old);
+      assert.equal(replaced.status, 200);
+      assert.ok(signedBy(String(replaced.headers['x-lakefront-affinity']), KEY_NEW), 'a fresh ticket, signed with the new key');
+      // A keys file that went bad at a reload changes nothing, and names no key.
+      writeFileSync(keys, 'short\n');
+      run.child.kill('SIGHUP');
+      await outputMatches(run, /lakefront: SIGHUP: --affinity-keys-file "[^"]+": key 1 of 1 has 5 characters; at least 32 are needed; still serving the previous configuration\n/);
+      assert.equal((await read(url!, fresh)).headers['x-lakefront-affinity'], undefined, 'the new key still verifies');
+      run.child.kill('SIGTERM');
+      assert.equal(await exitOf(run), 0, run.output());
+      for (const key of [KEY_OLD, KEY_NEW]) assert.ok(!run.output().includes(key), 'no key in the output');
     } finally {
       run.child.kill('SIGKILL');
       rmSync(dir, { recursive: true, force: true });

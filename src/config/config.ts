@@ -54,6 +54,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'upstream-connections', env: 'LAKEFRONT_UPSTREAM_CONNECTIONS', value: 'n', help: 'keep-alive connections per node, per thread [64]' },
   { flag: 'cancel-grace-ms', env: 'LAKEFRONT_CANCEL_GRACE_MS', value: 'ms', help: 'a hedge loser may finish this long before its connection is closed [250]' },
   { flag: 'drain-timeout-ms', env: 'LAKEFRONT_DRAIN_TIMEOUT_MS', value: 'ms', help: 'on SIGTERM/SIGINT, wait this long for in-flight requests [10000]' },
+  { flag: 'affinity-keys-file', env: 'LAKEFRONT_AFFINITY_KEYS_FILE', value: 'path', help: 'affinity ticket signing keys, one a line, the first signing; read again at SIGHUP (instead of LAKEFRONT_AFFINITY_KEYS) [none]' },
   { flag: 'hints-file', env: 'LAKEFRONT_HINTS_FILE', value: 'path', help: "replicated routes: where a stop saves the hints not yet handed over, and the next start takes them back [none: dropped]" },
   { flag: 'access-log', env: 'LAKEFRONT_ACCESS_LOG', value: 'path|-', help: 'a JSON line for each request on a route (and each 404), appended to this file or, with -, standard output; SIGUSR1 opens the file again [none]' },
 ];
@@ -111,14 +112,37 @@ function readConfigFile(path: string, source: string): FileConfig {
 }
 
 /**
- * LAKEFRONT_AFFINITY_KEYS: ticket signing keys, comma-separated, the first signing and every one
- * verifying (two during a rotation). Errors name a key by its place, never by its value.
+ * Ticket signing keys, the first signing and every one verifying (two during a rotation): from
+ * LAKEFRONT_AFFINITY_KEYS (comma-separated), or from a keys file (`--affinity-keys-file`, one
+ * key a line; blank lines and lines starting with `#` skipped), which a reload (`SIGHUP`) reads
+ * again: keys rotate without a restart. Errors name a key by its place, never by its value.
  */
-function affinityKeys(raw: string | undefined): string[] {
-  if (raw === undefined || raw.trim() === '') return [];
-  const keys = raw.split(',').map((k) => k.trim());
+function affinityKeys(raw: string | undefined, file: [string, string] | undefined): string[] {
+  const fromEnv = raw !== undefined && raw.trim() !== '';
+  if (fromEnv && file !== undefined) throw new ConfigError(`${file[1]}: give the affinity keys either in LAKEFRONT_AFFINITY_KEYS or in a keys file, not both`);
+  let keys: string[];
+  let source: string;
+  if (file !== undefined) {
+    source = `${file[1]} ${JSON.stringify(file[0])}`;
+    if (file[0].trim() === '') throw new ConfigError(`${file[1]}: an empty path`);
+    let text: string;
+    try {
+      text = readFileSync(file[0], 'utf8');
+    } catch (err) {
+      throw new ConfigError(`${source}: cannot read it (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+    }
+    keys = text
+      .split('\n')
+      .map((line) => line.trim())
+      .filter((line) => line !== '' && !line.startsWith('#'));
+    if (keys.length === 0) throw new ConfigError(`${source}: holds no key (one a line, the first signs)`);
+  } else {
+    if (!fromEnv) return [];
+    source = 'LAKEFRONT_AFFINITY_KEYS';
+    keys = raw.split(',').map((k) => k.trim());
+  }
   keys.forEach((key, i) => {
-    if (key.length < MIN_KEY_LENGTH) throw new ConfigError(`LAKEFRONT_AFFINITY_KEYS: key ${i + 1} of ${keys.length} has ${key.length} characters; at least ${MIN_KEY_LENGTH} are needed`);
+    if (key.length < MIN_KEY_LENGTH) throw new ConfigError(`${source}: key ${i + 1} of ${keys.length} has ${key.length} characters; at least ${MIN_KEY_LENGTH} are needed`);
   });
   return keys;
 }
@@ -189,16 +213,18 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   const routes: RouteConfig[] = [];
   if (file) {
     clusters.push(...file.clusters);
-    const keys = affinityKeys(env.LAKEFRONT_AFFINITY_KEYS);
+    const keys = affinityKeys(env.LAKEFRONT_AFFINITY_KEYS, read('affinity-keys-file'));
     for (const [i, route] of file.routes.entries()) {
       if (!route.affinity) {
         routes.push(route);
         continue;
       }
-      if (keys.length === 0) throw new ConfigError(`${configRaw![1]}: routes[${i}].affinity: tickets need signing keys in LAKEFRONT_AFFINITY_KEYS (comma-separated; the first signs)`);
+      if (keys.length === 0) throw new ConfigError(`${configRaw![1]}: routes[${i}].affinity: tickets need signing keys in LAKEFRONT_AFFINITY_KEYS (comma-separated; the first signs) or a --affinity-keys-file`);
       routes.push({ ...route, affinity: { ...route.affinity, keys } });
     }
   }
+  const keysFileRaw = read('affinity-keys-file');
+  if (keysFileRaw && !file) throw new ConfigError(`${keysFileRaw[1]}: affinity tickets belong to routes in a configuration file (--config), and none is given`);
   const rpcPolicyRaw = read('policy');
   if (rpcPolicyRaw && !(demo || nodesRaw)) throw new ConfigError(`${rpcPolicyRaw[1]}: applies to /rpc/* over --nodes (or the demo); a config file names each route's policy`);
   if (demo || nodesRaw) {
