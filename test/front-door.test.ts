@@ -182,6 +182,16 @@ describe('front door: HTTP surface', () => {
     assert.ok(info.ranking.every((r) => r.weight === 1));
     assert.deepEqual(server.router.route('b-1').map((n) => n.id), info.ranking.map((r) => r.id), 'the workers agree with the library');
     assert.equal((await call(`${server.url}/route`)).status, 400);
+    // Decoded as a form's query: %XX escapes, + a space. A malformed escape is no board at all.
+    const boardOf = async (query: string): Promise<string> => (await call(`${server.url}/route?${query}`)).json<{ board: string }>().board;
+    assert.equal(await boardOf('board=a%2Bb'), 'a+b');
+    assert.equal(await boardOf('board=a+b'), 'a b');
+    assert.equal(await boardOf('x=1&board=%C3%A9t%C3%A9&board=second'), 'été', 'the first of a name');
+    for (const query of ['board=%ZZ', 'board=100%', 'board=%C3', 'bo%rd=x']) {
+      const reply = await call(`${server.url}/route?${query}`);
+      assert.equal(reply.status, 400, query);
+      assert.match(reply.json<{ error: string }>().error, /^malformed percent-encoding in the query parameter "bo(ard|%rd)"$/, query);
+    }
   });
 
   it('keeps capacity apart from health: a healthy node at capacity 0 leaves the rankings, not /health', async () => {

@@ -383,6 +383,31 @@ function parseLength(text: string): number {
   return n > 15 ? Number.MAX_SAFE_INTEGER : value;
 }
 
+/**
+ * A query string's parameters (the first of each name), percent-decoded as a form's (`+` is a
+ * space), or why it cannot be: a malformed escape (`%ZZ`, a lone `%`, bytes that are not UTF-8).
+ */
+export function parseQuery(raw: string): Map<string, string> | string {
+  const params = new Map<string, string>();
+  if (raw === '') return params;
+  for (const part of raw.split('&')) {
+    if (part === '') continue;
+    const eq = part.indexOf('=');
+    const rawName = eq < 0 ? part : part.slice(0, eq);
+    const rawValue = eq < 0 ? '' : part.slice(eq + 1);
+    let name: string;
+    let value: string;
+    try {
+      name = decodeURIComponent(rawName.replaceAll('+', ' '));
+      value = decodeURIComponent(rawValue.replaceAll('+', ' '));
+    } catch {
+      return `malformed percent-encoding in the query parameter ${JSON.stringify(rawName.slice(0, 64))}`;
+    }
+    if (!params.has(name)) params.set(name, value);
+  }
+  return params;
+}
+
 /** The request whose answer `writeCorked` writes: saves a closure per answer. */
 let corked: ProxyRequest | null = null;
 function writeCorked(): void {
@@ -742,13 +767,20 @@ export class WorkerFront implements TunnelHost {
 
   private routeInfo(res: HttpResponse, req: HttpRequest, head: boolean): void {
     this.refresh();
-    const board = req.getQuery('board');
-    const clusterName = req.getQuery('cluster');
+    // Decoded strictly here: uWS's getQuery(name) decodes a malformed escape (`%ZZ`) into some
+    // other board, and would answer for it.
+    const query = parseQuery(req.getQuery() ?? '');
+    if (typeof query === 'string') {
+      replyJson(res, 400, errorBody(query, ErrorCodes.BAD_REQUEST), this.draining, null, head);
+      return;
+    }
+    const board = query.get('board');
+    const clusterName = query.get('cluster');
     if (!board) {
       replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST), this.draining, null, head);
       return;
     }
-    const pattern = req.getQuery('route');
+    const pattern = query.get('route');
     const route = pattern ? this.routes.find((r) => r.spec.pattern === pattern) : clusterName ? this.routes.find((r) => r.runtime.name === clusterName) : this.routes[0];
     if (!route) {
       const what = pattern ? `route "${pattern}"` : `cluster "${clusterName}"`;
