@@ -215,7 +215,7 @@ async function main(): Promise<void> {
   if (demo) {
     process.stdout.write(
       `try: curl -s -X POST -H 'x-lakefront-board: board-1' -d '{}' ${door.url}/rpc/query.execute -i\n` +
-        `and, replicated on three nodes: curl -s -X PUT -d 'hello' ${door.url}/kv/greeting -i; curl -s ${door.url}/kv/greeting\n`,
+        `try: curl -s -X PUT -d 'hello' ${door.url}/kv/greeting -i; curl -s ${door.url}/kv/greeting   # replicated on three nodes\n`,
     );
   }
 }

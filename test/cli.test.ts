@@ -137,6 +137,9 @@ describe('lakefront command: running', () => {
     const run = start(['--port', '0', '--threads', '2']);
     try {
       const [, url] = await waitForLine(run.child, /try: curl .* (http:\/\/127\.0\.0\.1:\d+)\/rpc\/query\.execute/);
+      await outputMatches(run, /\/kv\/greeting .*\n/);
+      // Each of its own lines starts lakefront: or try: (the README's promise to `--access-log -` readers).
+      for (const line of run.output().trimEnd().split('\n')) assert.match(line, /^(lakefront|try): /);
       const reply = await rpc(url!, 'query.execute', 'board-1');
       assert.equal(reply.status, 200);
       const served = reply.headers['x-lakefront-served-by'];
