@@ -135,6 +135,8 @@ describe('configuration file', () => {
     ['an unknown cluster', { ...good, routes: [{ path: '/x/*', cluster: 'nope' }] }, /routes\[0\]\.cluster: unknown cluster "nope"/],
     ['a rendezvous route without a key', { ...good, routes: [{ path: '/x/*', cluster: 'boards', keyHeader: null }] }, /routes\[0\]\.keyHeader: the rendezvous policy needs a key header/],
     ['a * inside an operations path', { ...good, routes: [{ path: '/z/*', cluster: 'kv', operations: { reads: ['/z/*/get'] } }] }, /routes\[0\]\.operations\.reads: must be a list of paths starting with \/ \(exact, or a prefix ending in \*\), got \["\/z\/\*\/get"\]/],
+    ['one operations path in two lists', { ...good, routes: [{ path: '/z/*', cluster: 'kv', operations: { reads: ['/z/get', '/z/list*'], unsupported: ['/z/list*'] } }] }, /routes\[0\]\.operations: "\/z\/list\*" is in both reads and unsupported/],
+    ['an etcd route reading what its preset refuses', { ...good, routes: [{ path: '/v3/*', cluster: 'kv', preset: 'etcd', operations: { reads: ['/v3/kv/range', '/v3/watch'] } }] }, /routes\[0\]\.operations: "\/v3\/watch" is in both reads and unsupported \(with the preset's lists\)/],
     ['a ring route without a key', { ...good, routes: [{ path: '/x/*', cluster: 'boards', policy: 'ring', keyHeader: null }] }, /routes\[0\]\.keyHeader: the ring policy needs a key header/],
     ['a duplicate node id across clusters', { ...good, clusters: [good.clusters[0], { name: 'c2', nodes: 'a=http://127.0.0.1:9' }] }, /clusters\[1\]\.nodes: node id "a" is used by another cluster/],
     ['an unknown setting', { ...good, colour: 'blue' }, / lf\.json: colour: unknown setting/],

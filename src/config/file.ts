@@ -117,7 +117,17 @@ function operations(value: unknown, where: string, base: OperationRules | null):
   };
   const otherwise = value.otherwise ?? base?.otherwise ?? 'write';
   if (otherwise !== 'read' && otherwise !== 'write') fail(`${where}.otherwise`, `must be "read" or "write", got ${JSON.stringify(otherwise)}`);
-  return { reads: list('reads'), writes: list('writes'), unsupported: list('unsupported'), otherwise };
+  const rules: OperationRules = { reads: list('reads'), writes: list('writes'), unsupported: list('unsupported'), otherwise };
+  // One path in two lists would be classified by whichever the classifier happened to take.
+  const listed = new Map<string, string>();
+  for (const key of ['reads', 'writes', 'unsupported'] as const) {
+    for (const path of rules[key] ?? []) {
+      const first = listed.get(path);
+      if (first !== undefined && first !== key) fail(where, `${JSON.stringify(path)} is in both ${first} and ${key}${base ? ' (with the preset\'s lists)' : ''}`);
+      listed.set(path, key);
+    }
+  }
+  return rules;
 }
 
 /** A header name (an RFC 9110 token, lower case). */
