@@ -467,7 +467,7 @@ describe('WebSocket tunnels through a reload', () => {
       // One closes by itself; the other is still open when the drain's deadline comes.
       leaving.close(1000);
       assert.equal((await closed(leaving)).code, 1000);
-      assert.deepEqual(await closed(kept), { code: 1001, reason: 'the front door is shutting down' });
+      assert.deepEqual(await closed(kept), { code: 1001, reason: 'the front door reloaded its configuration' });
       await door.drained;
       // New tunnels reach the new workers.
       const fresh = connect(next.url, 'fresh');

@@ -646,7 +646,8 @@ export class WorkerFront implements TunnelHost {
       if (this.started === seen && this.active === 0 && this.pendingStats.size === 0) break;
     }
     const abandoned = this.active;
-    this.tunnels.closeAll();
+    // A reload's old workers (their tunnels lingered) say so: the front door itself goes on.
+    this.tunnels.closeAll(lingerTunnels ? 'the front door reloaded its configuration' : undefined);
     // The hints still held are handed back (a hints file, or a reload's successor, takes them) or
     // dropped (and counted).
     const hints: SavedHint[] = [];

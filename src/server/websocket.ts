@@ -143,12 +143,15 @@ export class WebSocketTunnels {
     this.pending.clear();
   }
 
-  /** Closes every tunnel: 1001 (going away) to both ends; handshakes in flight get 503. */
-  closeAll(): void {
+  /**
+   * Closes every tunnel: 1001 (going away) to both ends, with `reason`; handshakes in flight get
+   * 503.
+   */
+  closeAll(reason = 'the front door is shutting down'): void {
     this.closeHandshakes();
     for (const tunnel of [...this.open]) {
-      this.closeUpstream(tunnel, 1001, 'the front door is shutting down');
-      this.endClient(tunnel, 1001, 'the front door is shutting down');
+      this.closeUpstream(tunnel, 1001, reason);
+      this.endClient(tunnel, 1001, reason);
     }
   }
 
