@@ -112,7 +112,8 @@ export const MAX_KEY_LENGTH = 1024;
  * client library normalises them).
  */
 export function hasDotSegment(path: string): boolean {
-  if (path.indexOf('.') < 0 && path.indexOf('%') < 0) return false;
+  // A dot segment needs a separator then a dot, or an encoded dot: most paths have neither.
+  if (path.indexOf('/.') < 0 && path.indexOf('%') < 0 && path.indexOf('\\') < 0) return false;
   return DOT_SEGMENT.test(path);
 }
 

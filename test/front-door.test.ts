@@ -122,6 +122,7 @@ describe('front door: the hedge budget', () => {
       [{ requestTimeoutMs: 0 }, /^requestTimeoutMs: bad value 0 \(milliseconds, 1-3600000\)$/],
       [{ requestTimeoutMs: -1 }, /^requestTimeoutMs: bad value -1/],
       [{ healthIntervalMs: 0 }, /^healthIntervalMs: bad value 0 \(milliseconds, 10-3600000\)$/],
+      [{ unreachableHoldMs: -1 }, /^unreachableHoldMs: bad value -1 \(milliseconds, 0-3600000\)$/],
     ] as const) {
       await assert.rejects(route({ nodes, ...options }), (err: Error) => {
         assert.equal(err.name, 'ConfigError');
@@ -330,6 +331,9 @@ describe('front door: HTTP surface', () => {
       assert.match(answer, /^HTTP\/1\.1 400 /, lengths);
       assert.match(answer, /"error":"two different content-length lines","code":"LF_ERR_BAD_REQUEST"/, lengths);
     }
+    // Before any other refusal (here the missing board's 401, which keeps its connection open).
+    const unkeyed = await rawExchange(server.url, 'POST /rpc/board.append HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\ncontent-length: 2\r\n\r\n{}');
+    assert.match(unkeyed, /^HTTP\/1\.1 400 [^]*two different content-length lines/);
     assert.equal(nodes.reduce((n, node) => n + node.received.length, 0), 0, 'no node saw any of them');
     const same = await rawExchange(server.url, `POST /rpc/board.append HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cl-board\r\ncontent-length: 2\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}`);
     assert.match(same, /^HTTP\/1\.1 200 /);

@@ -3,6 +3,7 @@
  * through the package's exports map).
  */
 import assert from 'node:assert/strict';
+import { performance } from 'node:perf_hooks';
 import { after, before, describe, it } from 'node:test';
 import * as contract from 'lakefront/contract';
 import { IDEMPOTENT_HEADER, IDEMPOTENT_PROCEDURES, Membership, Router, isIdempotentPath, isRetryable } from 'lakefront/router';
@@ -76,6 +77,16 @@ describe('Membership', () => {
     membership.markUnhealthy('m-a');
     assert.equal(membership.nodes()[0]!.weight, 0);
     assert.throws(() => membership.setCapacity('nope', 1), /unknown member/);
+  });
+
+  it('markUnhealthy: the next passing probe brings a member back, but not before its hold', async () => {
+    const membership = new Membership({ members: nodes.map((n) => ({ id: n.id, url: n.url })) });
+    membership.markUnhealthy('m-a');
+    membership.markUnhealthy('m-b', 60_000);
+    await membership.probeOnce();
+    assert.deepEqual(membership.healthyIds(), nodes.filter((n) => n.id !== 'm-b').map((n) => n.id), 'm-a back, m-b held');
+    assert.ok(membership.heldUntil('m-b') > performance.now() + 50_000);
+    assert.throws(() => membership.markUnhealthy('m-a', -1), /holdMs must be a non-negative number, got -1/);
   });
 
   it('polls on start() and stops on stop()', async () => {

@@ -437,6 +437,18 @@ describe('WebSocket tunnels with affinity tickets', () => {
       for (const n of nodes) n.refuseWith = 0;
     }
   });
+
+  it('takes a node that refused a handshake out of every ranking at once (its ticket holders placed anew)', async () => {
+    const book = new TicketBook(affinity);
+    const placed = await visit();
+    const gone = nodes.find((n) => n.id === placed.node)!;
+    await gone.stop();
+    const moved = await visit([`lakefront-affinity.${placed.ticket}`]);
+    assert.notEqual((book.check(moved.ticket) as { node: string }).node, placed.node);
+    // No health probe has run (60 s apart): the handshake's refusal alone took it out.
+    const { healthy } = (await call(`${door.url}/health`)).json<{ healthy: string[] }>();
+    assert.deepEqual(healthy, nodes.filter((n) => n !== gone).map((n) => n.id));
+  });
 });
 
 describe('WebSocket tunnels through a reload', () => {

@@ -47,7 +47,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'hedge-budget-percent', env: 'LAKEFRONT_HEDGE_BUDGET_PERCENT', value: 'p', help: 'hedges may not exceed this share of retryable requests; less while hedges seldom win [5]' },
   { flag: 'health-interval-ms', env: 'LAKEFRONT_HEALTH_INTERVAL_MS', value: 'ms', help: 'health-poll interval [1000]' },
   { flag: 'health-timeout-ms', env: 'LAKEFRONT_HEALTH_TIMEOUT_MS', value: 'ms', help: 'health-probe deadline [500]' },
-  { flag: 'unreachable-hold-ms', env: 'LAKEFRONT_UNREACHABLE_HOLD_MS', value: 'ms', help: 'a node a request could not reach (refused, no connection or no answer in time) is out of every ranking this long, then until a health probe passes [3000]' },
+  { flag: 'unreachable-hold-ms', env: 'LAKEFRONT_UNREACHABLE_HOLD_MS', value: 'ms', help: 'a node a request could not reach (connection refused, or not made in time) is out of every ranking this long, then until a health probe passes [3000]' },
   { flag: 'request-timeout-ms', env: 'LAKEFRONT_REQUEST_TIMEOUT_MS', value: 'ms', help: 'an attempt slower than this fails [10000]' },
   { flag: 'max-body-bytes', env: 'LAKEFRONT_MAX_BODY_BYTES', value: 'n', help: 'largest request body accepted [1048576]' },
   { flag: 'upstream-client', env: 'LAKEFRONT_UPSTREAM_CLIENT', value: 'h1|undici', help: 'upstream HTTP client [h1]' },
@@ -123,19 +123,20 @@ function affinityKeys(raw: string | undefined, file: [string, string] | undefine
   let keys: string[];
   let source: string;
   if (file !== undefined) {
-    source = `${file[1]} ${JSON.stringify(file[0])}`;
+    // Named by its flag, not its path: a key given where the path belongs must not be printed.
+    source = file[1];
     if (file[0].trim() === '') throw new ConfigError(`${file[1]}: an empty path`);
     let text: string;
     try {
       text = readFileSync(file[0], 'utf8');
     } catch (err) {
-      throw new ConfigError(`${source}: cannot read it (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+      throw new ConfigError(`${source}: cannot read the keys file (${(err as NodeJS.ErrnoException).code ?? 'unreadable'})`);
     }
     keys = text
       .split('\n')
       .map((line) => line.trim())
       .filter((line) => line !== '' && !line.startsWith('#'));
-    if (keys.length === 0) throw new ConfigError(`${source}: holds no key (one a line, the first signs)`);
+    if (keys.length === 0) throw new ConfigError(`${source}: the keys file holds no key (one a line, the first signs)`);
   } else {
     if (!fromEnv) return [];
     source = 'LAKEFRONT_AFFINITY_KEYS';

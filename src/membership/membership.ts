@@ -188,6 +188,21 @@ export class Membership extends EventEmitter {
     this.verdict(id, false);
   }
 
+  /** `performance.now()` before which no probe may bring `id` back (0 or past: no hold). */
+  heldUntil(id: string): number {
+    return this.stateOf(id).heldUntil;
+  }
+
+  /**
+   * Marks a member unhealthy until at least `until` (`performance.now()`): how a reload's new
+   * membership takes over its predecessor's holds. A time already past changes nothing.
+   */
+  holdUntil(id: string, until: number): void {
+    this.stateOf(id);
+    const left = until - performance.now();
+    if (left > 0) this.markUnhealthy(id, left);
+  }
+
   /** Whether a hold from `markUnhealthy` still keeps the member out. */
   private held(id: string): boolean {
     return performance.now() < this.states.get(id)!.heldUntil;

@@ -35,6 +35,8 @@ export interface RouteOptions {
   readonly requestTimeoutMs?: number;
   /** How long `stop()` waits for in-flight requests. Default 10,000. */
   readonly drainTimeoutMs?: number;
+  /** How long a node a request could not reach stays out of every ranking. Default 3,000. */
+  readonly unreachableHoldMs?: number;
 }
 
 export interface RouterServer {
@@ -71,6 +73,7 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
   // Also bounds the supervisor's last-resort deadline (drain + 5 s): NaN would make it fire at once.
   const drain = bounded('drainTimeoutMs', options.drainTimeoutMs, 0, 3_600_000, 'milliseconds');
   const budget = bounded('hedgeBudgetPercent', options.hedgeBudgetPercent, 0, 100, 'a percentage');
+  const unreachableHoldMs = bounded('unreachableHoldMs', options.unreachableHoldMs, 0, 3_600_000, 'milliseconds');
   const door = await FrontDoor.start({
     host,
     port,
@@ -79,6 +82,7 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
     routes: [RPC_ROUTE],
     healthIntervalMs: healthIntervalMs ?? DEFAULT_HEALTH_INTERVAL_MS,
     healthTimeoutMs: DEFAULT_HEALTH_TIMEOUT_MS,
+    ...(unreachableHoldMs !== undefined ? { unreachableHoldMs } : {}),
     settings: defaultSettings({
       ...(hedgeDelayMs !== undefined ? { hedgeDelayMs } : {}),
       ...(budget !== undefined ? { hedgeBudgetPercent: budget } : {}),

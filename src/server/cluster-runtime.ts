@@ -83,12 +83,16 @@ export interface ReplicationContext {
 const UNREACHABLE_REPORT_GAP_MS = 500;
 
 /**
- * Attempt failures that say the node could not be reached: refused, no connection in time, or
- * no answer in time (the h1 client's codes, undici's, the kernel's). Each is reported to the
- * control plane, which takes the node out of every ranking for `--unreachable-hold-ms` (seed
- * 004: "the edge marks an unreachable follower as failed for three seconds"). A reset is not:
- * a node may close a kept-alive connection as a request goes out, and a node that is gone
- * refuses the next connection anyway.
+ * Attempt failures that say the node could not be reached: the connection refused, or not made
+ * in time (the h1 client's codes, undici's, the kernel's). Each is reported to the control plane,
+ * which takes the node out of every ranking for `--unreachable-hold-ms` (seed 004: "the edge
+ * marks an unreachable follower as failed for three seconds").
+ *
+ * Not an answer that is late (a request timeout): the node was reached, and a slow request (or a
+ * burst the front door queued itself) would otherwise take every node it failed over to out of
+ * the cluster, and a leader out of a hybrid route for a slow write. Not a reset either: a node may
+ * close a kept-alive connection as a request goes out, and one that is gone refuses the next
+ * connection anyway.
  */
 const UNREACHABLE_CODES: ReadonlySet<string> = new Set([
   'ECONNREFUSED',
@@ -96,9 +100,7 @@ const UNREACHABLE_CODES: ReadonlySet<string> = new Set([
   'ENETUNREACH',
   'ETIMEDOUT',
   H1Codes.CONNECT_TIMEOUT,
-  H1Codes.TIMEOUT,
   'UND_ERR_CONNECT_TIMEOUT',
-  'UND_ERR_HEADERS_TIMEOUT',
 ]);
 
 export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaHost {
@@ -337,19 +339,25 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
         this.onLeaderFailed(g);
       }
       const code = (error as { code?: unknown } | null)?.code;
-      if (typeof code === 'string' && UNREACHABLE_CODES.has(code)) {
-        const now = performance.now();
-        if (now - this.lastUnreachableAt[node]! >= UNREACHABLE_REPORT_GAP_MS) {
-          this.lastUnreachableAt[node] = now;
-          this.onUnreachable(g);
-        }
-      }
+      if (typeof code === 'string') this.failedWith(node, code);
       return;
     }
     if (latencyMs >= 0) {
       this.windows[node]!.record(latencyMs);
       this.histograms.record(g, latencyMs * 1000);
     }
+  }
+
+  /**
+   * A request or a WebSocket handshake to `node` failed with `code`: if that says the node could
+   * not be reached, the control plane hears of it (at most once a node per 500 ms).
+   */
+  failedWith(node: number, code: string): void {
+    if (!UNREACHABLE_CODES.has(code)) return;
+    const now = performance.now();
+    if (now - this.lastUnreachableAt[node]! < UNREACHABLE_REPORT_GAP_MS) return;
+    this.lastUnreachableAt[node] = now;
+    this.onUnreachable(this.globalIndex[node]!);
   }
 
   /** Closes every node's connections: after running requests (graceful), or at once. */

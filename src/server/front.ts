@@ -890,6 +890,12 @@ export class WorkerFront implements TunnelHost {
     const tickets = route.tickets;
     scan.begin(keyHeader ?? '', tickets === null ? '' : tickets.header);
     req.forEach(scanHeader);
+    // Which of two lengths frames the body is the request smuggler's question (RFC 9112 6.3):
+    // refused before anything else, and the connection closed, as its framing is in doubt.
+    if (scan.lengthConflict) {
+      this.refuse(res, 400, errorBody('two different content-length lines', ErrorCodes.BAD_REQUEST), true, null, head);
+      return;
+    }
     const headers = scan.headers;
     let key = '';
     if (keyHeader !== null) {
@@ -945,12 +951,6 @@ export class WorkerFront implements TunnelHost {
     }
     if (scan.chunked && !isChunkedOnly(scan.codings)) {
       this.refuseCodings(res, scan.codings, head);
-      return;
-    }
-    // Which of two lengths frames the body is the request smuggler's question (RFC 9112 6.3):
-    // refused, and the connection closed, as its framing is in doubt.
-    if (scan.lengthConflict) {
-      this.refuse(res, 400, errorBody('two different content-length lines', ErrorCodes.BAD_REQUEST), true, null, head);
       return;
     }
     const contentLength = scan.contentLength;

@@ -154,7 +154,7 @@ export type WorkerMessage =
   | { readonly t: 'listen-failed'; readonly reason: string }
   | { readonly t: 'stats-request'; readonly id: number }
   | { readonly t: 'histograms'; readonly id: number; readonly encoded: (string | null)[] }
-  /** An attempt could not reach the node (refused, or no connection or answer in time). */
+  /** An attempt could not reach the node (connection refused, or not made in time). */
   | { readonly t: 'node-unreachable'; readonly node: number }
   /** A write pinned to the cluster's published leader could not connect to it. */
   | { readonly t: 'leader-failed'; readonly node: number }

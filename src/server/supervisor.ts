@@ -60,8 +60,8 @@ export interface FrontDoorConfig {
   readonly healthIntervalMs: number;
   readonly healthTimeoutMs: number;
   /**
-   * How long a node an attempt could not reach (refused, or no connection or answer in time)
-   * stays out of every ranking before a passing health probe may bring it back. Default 3000
+   * How long a node an attempt could not reach (connection refused, or not made in time) stays
+   * out of every ranking before a passing health probe may bring it back. Default 3000
    * (seed 004: "marks an unreachable follower as failed for three seconds").
    */
   readonly unreachableHoldMs?: number;
@@ -163,6 +163,10 @@ export class FrontDoor extends EventEmitter {
 
   private constructor(config: FrontDoorConfig) {
     super();
+    const hold = config.unreachableHoldMs;
+    if (hold !== undefined && !(typeof hold === 'number' && hold >= 0 && hold <= 3_600_000)) {
+      throw new ConfigError(`unreachableHoldMs: bad value ${String(hold)} (milliseconds, 0-3600000)`);
+    }
     this.config = config;
     this.host = config.host;
     this.threads = config.threads;
@@ -289,6 +293,7 @@ export class FrontDoor extends EventEmitter {
     if (config.port !== 0 && config.port !== this.port) throw new ConfigError(`port: a reload keeps port ${this.port}, got ${config.port} (restart to move it)`);
     const next = new FrontDoor({ ...config, port: this.port });
     next.inheritsPort = true;
+    next.carryHolds(this);
     // Known from the start: closeNow on this one reaches a successor still starting.
     this.successor = next;
     this.successorStarting = true;
@@ -695,6 +700,23 @@ export class FrontDoor extends EventEmitter {
         `worker thread${stuck.length > 1 ? 's' : ''} ${stuck.join(', ')} did not stop within ${deadlineMs} ms of the drain (stuck in JavaScript?); only the process's end can stop ${stuck.length > 1 ? 'them' : 'it'}`,
       );
     }
+  }
+
+  /**
+   * Nodes `predecessor` holds out (an attempt could not reach them) stay out here until their
+   * hold ends: this door's first probe would otherwise bring back a node that passes its probe
+   * but refused requests a moment ago. Matched by cluster name and node id.
+   */
+  private carryHolds(predecessor: FrontDoor): void {
+    this.config.clusters.forEach((cluster, i) => {
+      const before = predecessor.config.clusters.findIndex((c) => c.name === cluster.name);
+      if (before < 0) return;
+      const old = predecessor.memberships[before]!;
+      const known = new Set(old.all().map((m) => m.id));
+      for (const member of this.memberships[i]!.all()) {
+        if (known.has(member.id)) this.memberships[i]!.holdUntil(member.id, old.heldUntil(member.id));
+      }
+    });
   }
 
   private publish(): void {

@@ -259,8 +259,10 @@ export class WebSocketTunnels {
       const g = runtime.globalIndex[node]!;
       host.slot.bumpNode(g, N_ATTEMPTS);
       /** This node cannot take the socket: the next one is tried, or 502 after the last. */
-      const failed = (): void => {
+      const failed = (reason: string): void => {
         current = null;
+        // Refused or not connected in time: out of every ranking for a while, as for a request.
+        runtime.failedWith(node, reason);
         if (aborted) return;
         host.slot.bumpNode(g, N_FAILURES);
         if (ordinal + 1 < count) attempt(ordinal + 1);
