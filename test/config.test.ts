@@ -140,6 +140,8 @@ describe('configuration file', () => {
     ['a ring route without a key', { ...good, routes: [{ path: '/x/*', cluster: 'boards', policy: 'ring', keyHeader: null }] }, /routes\[0\]\.keyHeader: the ring policy needs a key header/],
     ['a duplicate node id across clusters', { ...good, clusters: [good.clusters[0], { name: 'c2', nodes: 'a=http://127.0.0.1:9' }] }, /clusters\[1\]\.nodes: node id "a" is used by another cluster/],
     ['an unknown setting', { ...good, colour: 'blue' }, / lf\.json: colour: unknown setting/],
+    ['a bad forwardedFor', { ...good, forwardedFor: true }, / lf\.json: forwardedFor: must be a non-empty string, got true/],
+    ['an unknown forwardedFor', { ...good, forwardedFor: 'replace' }, / lf\.json: forwardedFor: must be "append" or "off", got "replace"/],
     ['a bad top-level value, named as the nested ones are', { ...good, threads: 0 }, / lf\.json: threads: must be a number in 1\.\.256, got 0$/],
     ['a bad path', { ...good, routes: [{ path: 'rpc', cluster: 'boards' }] }, /routes\[0\]\.path: must start with \//],
     ['a route over the front door\'s own /stats', { ...good, routes: [{ path: '/stats', cluster: 'boards' }] }, /routes\[0\]\.path: \/stats is the front door's own endpoint/],
@@ -167,6 +169,22 @@ describe('the README', () => {
     assert.deepEqual(parsed.routes.map((r) => r.pattern), ['/rpc/*', '/v3/*', '/kv/*', '/zk/*']);
     assert.equal(parsed.routes[2]!.quorum!.n, 3);
     assert.equal(parsed.region, 'east');
+  });
+});
+
+describe('forwardedFor', () => {
+  it('comes from the file, and the flag overrides it', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lf-fwd-'));
+    try {
+      const path = join(dir, 'lf.json');
+      writeFileSync(path, JSON.stringify({ forwardedFor: 'append', clusters: [{ name: 'c', nodes: 'a=http://127.0.0.1:1' }], routes: [{ path: '/x/*', cluster: 'c', policy: 'round_robin', keyHeader: null }] }));
+      const settingOf = (argv: string[]): boolean | undefined => (parseCommand(argv, {}) as { config: { settings: { forwardedFor?: boolean } } }).config.settings.forwardedFor;
+      assert.equal(settingOf(['--config', path]), true);
+      assert.equal(settingOf(['--config', path, '--forwarded-for', 'off']), false);
+      assert.equal(settingOf(['--nodes', 'a=http://127.0.0.1:1']), false, 'off by default');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

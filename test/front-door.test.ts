@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import { connect, createServer, Server } from 'node:net';
 import { after, afterEach, before, describe, it } from 'node:test';
 import { DROPPED_REQUEST_HEADERS } from '../src/contract.js';
+import { parseCommand } from '../src/config/config.js';
 import { route, type RouterServer } from '../src/router/index.js';
 import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
 import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
@@ -584,6 +585,48 @@ describe('front door: HTTP surface', () => {
         assert.ok(node.latencyUs.count > 0 && node.latencyUs.p50 > 0 && node.latencyUs.p999 >= node.latencyUs.p50);
       }
     }
+  });
+});
+
+describe('front door: --forwarded-for', () => {
+  let nodes: FakeNode[];
+  before(async () => {
+    nodes = await startNodes('fwd-a');
+  });
+  after(async () => Promise.all(nodes.map((n) => n.stop())));
+
+  const doorWith = (flags: string[]): Promise<FrontDoor> =>
+    FrontDoor.start((parseCommand(['--nodes', `fwd-a=${nodes[0]!.url}`, '--port', '0', '--host', '127.0.0.1', '--threads', '1', ...flags], {}) as { config: FrontDoorConfig }).config);
+  const claims = { 'x-forwarded-for': '203.0.113.7', 'x-forwarded-proto': 'https', 'x-forwarded-host': 'claimed.example' };
+  const seen = (): Record<string, unknown> => {
+    const { headers } = nodes[0]!.received.at(-1)!;
+    return { for: headers['x-forwarded-for'], proto: headers['x-forwarded-proto'], host: headers['x-forwarded-host'] };
+  };
+
+  it('append: the client\'s address after its own list, the scheme and host the front door saw', async () => {
+    const door = await doorWith(['--forwarded-for', 'append']);
+    try {
+      const authority = new URL(door.url).host;
+      assert.equal((await rpc(door.url, 'query.execute', 'b')).status, 200);
+      assert.deepEqual(seen(), { for: '127.0.0.1', proto: 'http', host: authority });
+      assert.equal((await rpc(door.url, 'query.execute', 'b', { headers: claims })).status, 200);
+      assert.deepEqual(seen(), { for: '203.0.113.7, 127.0.0.1', proto: 'http', host: authority }, "the client's claims of scheme and host are not relayed");
+    } finally {
+      await door.stop();
+    }
+  });
+
+  it('off (the default): the client\'s own headers pass through untouched, and nothing is added', async () => {
+    const door = await doorWith([]);
+    try {
+      await rpc(door.url, 'query.execute', 'b');
+      assert.deepEqual(seen(), { for: undefined, proto: undefined, host: undefined });
+      await rpc(door.url, 'query.execute', 'b', { headers: claims });
+      assert.deepEqual(seen(), { for: '203.0.113.7', proto: 'https', host: 'claimed.example' });
+    } finally {
+      await door.stop();
+    }
+    assert.throws(() => parseCommand(['--forwarded-for', 'yes'], {}), /--forwarded-for: must be append or off, got "yes"/);
   });
 });
 

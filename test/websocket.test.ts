@@ -60,9 +60,9 @@ async function refusal(ws: WebSocket): Promise<{ status: number; headers: Incomi
   return { status: response.statusCode!, headers: response.headers, body };
 }
 
-async function frontOver(nodes: WsNode[]): Promise<FrontDoor> {
+async function frontOver(nodes: WsNode[], flags: string[] = []): Promise<FrontDoor> {
   const command = parseCommand(
-    ['--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(','), '--port', '0', '--host', '127.0.0.1', '--threads', '2', '--health-interval-ms', '60000'],
+    ['--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(','), '--port', '0', '--host', '127.0.0.1', '--threads', '2', '--health-interval-ms', '60000', ...flags],
     {},
   );
   return FrontDoor.start((command as { config: FrontDoorConfig }).config);
@@ -296,6 +296,26 @@ describe('WebSocket tunnels', () => {
     const started = performance.now();
     assert.equal((await atNode).code, 4003);
     assert.ok(performance.now() - started < 20_000, 'the node heard the close promptly');
+  });
+});
+
+describe('WebSocket tunnels: --forwarded-for', () => {
+  it('append: the node\'s handshake carries the client\'s address after its own list, the scheme and the host', async () => {
+    const nodes = [await new WsNode('ws-fwd').start()];
+    const door = await frontOver(nodes, ['--forwarded-for', 'append']);
+    try {
+      const ws = connect(door.url, 'fwd-board', [], { 'x-forwarded-for': '198.51.100.1', 'x-forwarded-proto': 'https', 'x-forwarded-host': 'claimed.example' });
+      await opened(ws);
+      const handshake = nodes[0]!.handshakes.at(-1)!;
+      assert.equal(handshake['x-forwarded-for'], '198.51.100.1, 127.0.0.1');
+      assert.equal(handshake['x-forwarded-proto'], 'http');
+      assert.equal(handshake['x-forwarded-host'], new URL(door.url).host);
+      ws.close(1000);
+      await closed(ws);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
   });
 });
 

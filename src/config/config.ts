@@ -55,6 +55,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'cancel-grace-ms', env: 'LAKEFRONT_CANCEL_GRACE_MS', value: 'ms', help: 'a hedge loser may finish this long before its connection is closed [250]' },
   { flag: 'drain-timeout-ms', env: 'LAKEFRONT_DRAIN_TIMEOUT_MS', value: 'ms', help: 'on SIGTERM/SIGINT, wait this long for in-flight requests [10000]' },
   { flag: 'affinity-keys-file', env: 'LAKEFRONT_AFFINITY_KEYS_FILE', value: 'path', help: 'affinity ticket signing keys, one a line, the first signing; read again at SIGHUP (instead of LAKEFRONT_AFFINITY_KEYS) [none]' },
+  { flag: 'forwarded-for', env: 'LAKEFRONT_FORWARDED_FOR', value: 'append|off', help: "append the client's address to x-forwarded-for, and set x-forwarded-proto and x-forwarded-host, on every request a node gets [off]" },
   { flag: 'hints-file', env: 'LAKEFRONT_HINTS_FILE', value: 'path', help: "replicated routes: where a stop saves the hints not yet handed over, and the next start takes them back [none: dropped]" },
   { flag: 'access-log', env: 'LAKEFRONT_ACCESS_LOG', value: 'path|-', help: 'a JSON line for each request on a route (and each 404), appended to this file or, with -, standard output; SIGUSR1 opens the file again [none]' },
 ];
@@ -255,6 +256,8 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   const budgetRaw = read('hedge-budget-percent');
   const clientRaw = read('upstream-client');
   const modeRaw = read('hedge-mode');
+  const forwardedRaw = read('forwarded-for');
+  const forwardedFor = forwardedRaw ? oneOf(forwardedRaw[0], forwardedRaw[1], ['append', 'off'] as const) : file?.forwardedFor;
 
   const config: FrontDoorConfig = {
     host,
@@ -279,6 +282,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
       upstreamConnections: opt('upstream-connections', 1, 100_000),
       cancelGraceMs: opt('cancel-grace-ms', 0, 600_000),
       drainTimeoutMs: opt('drain-timeout-ms', 0, 3_600_000),
+      forwardedFor: forwardedFor === 'append',
     }),
   };
   return { kind: 'run', demo, config, configFile: configRaw ? configRaw[0] : null };

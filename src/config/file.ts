@@ -37,6 +37,8 @@ export interface FileConfig {
   readonly hintsFile?: string;
   /** The access log (see `--access-log`). */
   readonly accessLog?: string;
+  /** `"append"`: X-Forwarded-For and friends to the nodes (see --forwarded-for). */
+  readonly forwardedFor?: 'append' | 'off';
   readonly clusters: ClusterConfig[];
   readonly routes: RouteConfig[];
 }
@@ -208,7 +210,9 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
 /** Validates a parsed configuration file. */
 export function parseFileConfig(raw: unknown, file: string): FileConfig {
   if (!isObject(raw)) fail(file, 'must hold a JSON object');
-  known(raw, ['port', 'host', 'threads', 'region', 'hintsFile', 'accessLog', 'clusters', 'routes'], `${file}:`);
+  known(raw, ['port', 'host', 'threads', 'region', 'hintsFile', 'accessLog', 'forwardedFor', 'clusters', 'routes'], `${file}:`);
+  const forwardedFor = str(raw, 'forwardedFor', `${file}:`);
+  if (forwardedFor !== undefined && forwardedFor !== 'append' && forwardedFor !== 'off') fail(`${file}: forwardedFor`, `must be "append" or "off", got ${JSON.stringify(forwardedFor)}`);
   const region = str(raw, 'region', `${file}:`);
   if (region !== undefined && !REGION_NAME.test(region)) fail(`${file}: region`, `must be 1-64 letters, digits, '.', '_' or '-', got ${JSON.stringify(region)}`);
   const clustersRaw = raw.clusters;
@@ -319,6 +323,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     ...(region !== undefined ? { region } : {}),
     ...(str(raw, 'hintsFile', `${file}:`) !== undefined ? { hintsFile: raw.hintsFile as string } : {}),
     ...(str(raw, 'accessLog', `${file}:`) !== undefined ? { accessLog: raw.accessLog as string } : {}),
+    ...(forwardedFor !== undefined ? { forwardedFor } : {}),
     clusters,
     routes,
   };

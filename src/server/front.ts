@@ -36,6 +36,7 @@ import { TicketBook } from '../affinity/tickets.js';
 import { ReplicaSet, type ReplicatedCall, type ReplicatedOwner } from '../replication/fanout.js';
 import { ACKS_HEADER, VersionClock } from '../replication/quorum.js';
 import { AccessLog, asciiJson } from './access-log.js';
+import { clientAddress } from './client-address.js';
 
 /** A drain closes the connections once no request has come for this long (see `drain`). */
 const DRAIN_QUIET_MS = 100;
@@ -457,6 +458,8 @@ export class WorkerFront implements TunnelHost {
    * its line (`refuse` writes it); a request proxied takes it.
    */
   private refusing: Arrival | null = null;
+  /** `--forwarded-for append`: x-forwarded-for, -proto and -host to the nodes. */
+  readonly forwardedFor: boolean;
 
   constructor(
     private readonly init: WorkerInit,
@@ -466,6 +469,7 @@ export class WorkerFront implements TunnelHost {
     this.accessLog = init.accessLog === null ? null : new AccessLog(init.accessLog, (message) => process.stderr.write(`lakefront: worker ${init.slot}: ${message}\n`));
     this.maxBodyBytes = init.settings.maxBodyBytes;
     this.hedging = init.settings.hedgeMode !== 'off';
+    this.forwardedFor = init.settings.forwardedFor === true;
     this.slot = new CounterSlot(init.counters, init.slot, init.nodes.length, true);
     this.table = new TableReader(init.table);
     this.rows = init.nodes.map(() => ({ weight: 0, flags: 0, region: -1, cluster: 0 }));
@@ -741,7 +745,7 @@ export class WorkerFront implements TunnelHost {
     // pattern twice: "Internal routing error").
     if (!this.routes.some((r) => r.spec.pattern === '/*')) {
       app.any('/*', (res, req) => {
-        if (this.accessLog !== null) this.mayRefuse(null, req.getCaseSensitiveMethod(), req.getUrl(), res);
+        if (this.accessLog !== null) this.mayRefuse(null, req.getCaseSensitiveMethod(), req.getUrl(), clientAddress(res));
         this.refuse(res, 404, JSON.stringify({ error: 'not found' }), this.draining, null, req.getMethod() === 'head');
       });
     }
@@ -839,8 +843,8 @@ export class WorkerFront implements TunnelHost {
   }
 
   /** With the access log on: what a refusal of this request, if one comes, logs. */
-  private mayRefuse(route: string | null, method: string, path: string, res: HttpResponse): void {
-    this.refusing = { route, method, path, client: clientAddress(res), startedAt: performance.now() };
+  private mayRefuse(route: string | null, method: string, path: string, client: string): void {
+    this.refusing = { route, method, path, client, startedAt: performance.now() };
   }
 
   /** @internal One line of the access log (which must be on). */
@@ -884,12 +888,25 @@ export class WorkerFront implements TunnelHost {
     const query = req.getQuery();
     const path = query ? `${url}?${query}` : url;
     const keyHeader = route.spec.keyHeader;
-    if (this.accessLog !== null) this.mayRefuse(route.spec.pattern, method, url, res);
+    const forwardedFor = this.forwardedFor;
+    // Asked of the kernel (getpeername) only when something needs it.
+    const client = this.accessLog !== null || forwardedFor ? clientAddress(res) : '';
+    if (this.accessLog !== null) this.mayRefuse(route.spec.pattern, method, url, client);
     // One pass over the headers picks out everything the front door reads (no getHeader call
     // per name) and collects what is forwarded.
     const tickets = route.tickets;
-    scan.begin(keyHeader ?? '', tickets === null ? '' : tickets.header);
+    scan.begin(keyHeader ?? '', tickets === null ? '' : tickets.header, forwardedFor);
     req.forEach(scanHeader);
+    if (forwardedFor) {
+      // As nginx's $proxy_add_x_forwarded_for: the client's own list, then its address.
+      scan.headers.push(
+        'x-forwarded-for',
+        scan.forwardedList === '' ? client : `${scan.forwardedList}, ${client}`,
+        'x-forwarded-proto',
+        'http',
+      );
+      if (scan.host !== '') scan.headers.push('x-forwarded-host', scan.host);
+    }
     // Which of two lengths frames the body is the request smuggler's question (RFC 9112 6.3):
     // refused before anything else, and the connection closed, as its framing is in doubt.
     if (scan.lengthConflict) {
@@ -1018,9 +1035,16 @@ const scan = {
   /** The upgrade header ('' when none). */
   upgrade: '',
   idempotent: false,
-  begin(keyHeader: string, ticketHeader: string): void {
+  /** With `forwardedFor`: the client's own x-forwarded-for list, and its host header. */
+  forwardedFor: false,
+  forwardedList: '',
+  host: '',
+  begin(keyHeader: string, ticketHeader: string, forwardedFor: boolean): void {
     this.keyHeader = keyHeader;
     this.ticketHeader = ticketHeader;
+    this.forwardedFor = forwardedFor;
+    this.forwardedList = '';
+    this.host = '';
     this.ticket = '';
     this.headers = [];
     this.key = '';
@@ -1046,7 +1070,10 @@ function scanHeader(name: string, value: string): void {
       if (name === 'te') return;
       break;
     case 4:
-      if (name === 'host') return;
+      if (name === 'host') {
+        scan.host = value;
+        return;
+      }
       break;
     case 6:
       if (name === 'expect') return;
@@ -1068,10 +1095,20 @@ function scanHeader(name: string, value: string): void {
         return;
       }
       break;
+    case 15:
+      // Set by the front door (`forwardedFor`): the client's list is extended, not relayed twice.
+      if (scan.forwardedFor && name === 'x-forwarded-for') {
+        scan.forwardedList = scan.forwardedList === '' ? value : `${scan.forwardedList}, ${value}`;
+        return;
+      }
+      break;
     case 16:
       if (name === 'proxy-connection') return;
+      // Set by the front door (`forwardedFor`) from what it saw.
+      if (scan.forwardedFor && name === 'x-forwarded-host') return;
       break;
     case 17:
+      if (scan.forwardedFor && name === 'x-forwarded-proto') return;
       if (name === 'transfer-encoding') {
         // Every field line, joined as one list (an empty one too); checked in `proxy`.
         scan.codings = scan.chunked ? `${scan.codings}, ${value}` : value;
@@ -1142,25 +1179,3 @@ class LastJson {
   }
 }
 
-/**
- * The client's address as text (IPv4 dotted, or IPv6 as uWS writes it). An IPv4 address is read
- * in binary and its text kept while it repeats (one client, or a load balancer, sends most
- * requests): uWS formats the text with a printf a request.
- */
-function clientAddress(res: HttpResponse): string {
-  const binary = res.getRemoteAddress();
-  const view = new DataView(binary);
-  let at = 0;
-  // IPv6: as uWS writes it, unless it maps an IPv4 address (::ffff:a.b.c.d, a dual-stack listener).
-  if (binary.byteLength === 16) {
-    if (view.getUint32(0) !== 0 || view.getUint32(4) !== 0 || view.getUint32(8) !== 0xffff) return Buffer.from(res.getRemoteAddressAsText()).toString('latin1');
-    at = 12;
-  } else if (binary.byteLength !== 4) return Buffer.from(res.getRemoteAddressAsText()).toString('latin1');
-  const key = view.getUint32(at);
-  if (key !== lastClient.key) {
-    lastClient.key = key;
-    lastClient.text = `${key >>> 24}.${(key >>> 16) & 255}.${(key >>> 8) & 255}.${key & 255}`;
-  }
-  return lastClient.text;
-}
-const lastClient = { key: -1, text: '' };

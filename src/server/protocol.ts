@@ -109,6 +109,12 @@ export interface DataPlaneSettings {
   readonly cancelGraceMs: number;
   /** How long a stopping worker waits for in-flight requests. */
   readonly drainTimeoutMs: number;
+  /**
+   * Tell the nodes who asked: `x-forwarded-for` (the client's address appended to any the client
+   * sent), `x-forwarded-proto` and `x-forwarded-host` on every request and handshake. Default off
+   * (the client's own such headers pass through untouched).
+   */
+  readonly forwardedFor?: boolean;
 }
 
 export interface WorkerInit {

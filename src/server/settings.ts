@@ -32,6 +32,7 @@ export function defaultSettings(overrides: Partial<DataPlaneSettings> = {}): Dat
     upstreamConnections: overrides.upstreamConnections ?? DEFAULT_UPSTREAM_CONNECTIONS,
     cancelGraceMs: overrides.cancelGraceMs ?? DEFAULT_CANCEL_GRACE_MS,
     drainTimeoutMs: overrides.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS,
+    forwardedFor: overrides.forwardedFor ?? false,
   };
 }
 

@@ -37,6 +37,7 @@ import type { ClusterRuntime } from './cluster-runtime.js';
 import type { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, type NodeSpec, type RouteSpec } from './protocol.js';
 import { statusBytes } from './relay.js';
+import { clientAddress } from './client-address.js';
 
 /** The ticket's own node: passed over as any other, except when it sheds load (503 + Retry-After). */
 function passOverOwnNode(status: number, headers: ReadonlyMap<string, string>): boolean {
@@ -75,6 +76,8 @@ export interface TunnelHost {
   readonly draining: boolean;
   /** The front door's own region (affinity placement), or null. */
   readonly region: string | null;
+  /** `--forwarded-for append`: x-forwarded-for, -proto and -host to the nodes. */
+  readonly forwardedFor: boolean;
   /** Re-reads the membership table if it changed. */
   refresh(): void;
   /** Answers a request itself (counted as rejected). */
@@ -194,6 +197,16 @@ export class WebSocketTunnels {
       // Two field lines are one list; cookies are joined as one cookie line (RFC 9113 8.2.3).
       headers[name] = name in headers ? `${headers[name]}${name === 'cookie' ? '; ' : ', '}${value}` : value;
     });
+    if (host.forwardedFor) {
+      // As for a request (front.ts): the client's own list, then its address.
+      const client = clientAddress(res);
+      const list = headers['x-forwarded-for'];
+      headers['x-forwarded-for'] = list === undefined ? client : `${list}, ${client}`;
+      headers['x-forwarded-proto'] = 'http';
+      const authority = req.getHeader('host');
+      if (authority !== '') headers['x-forwarded-host'] = authority;
+      else delete headers['x-forwarded-host'];
+    }
     if (host.draining) {
       host.refuse(res, 503, errorBody('the front door is shutting down', ErrorCodes.SHUTTING_DOWN), true);
       return;
