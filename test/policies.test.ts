@@ -149,6 +149,28 @@ describe('hybrid', () => {
     assert.ok(Math.abs((primaries(p, OP_READ, 3_000).get(2) ?? 0) - 1_000) <= 1);
   });
 
+  it('judges a member anew when it comes back from being down (its failed reads do not keep it out)', () => {
+    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1], 0));
+    for (let i = 0; i < 10; i++) {
+      p.observe(0, 1, true, OP_READ);
+      p.observe(1, 1, true, OP_READ);
+      p.observe(2, 0, false, OP_READ); // refused: counted as at least 100 ms, doubling
+    }
+    assert.equal(p.ejectedNow(2), true);
+    p.update(view([1, 1, 0], 0)); // marked down
+    p.update(view([1, 1, 1], 0)); // back, healthy
+    assert.equal(p.ejectedNow(2), false);
+    assert.ok(Math.abs((primaries(p, OP_READ, 3_000).get(2) ?? 0) - 1_000) <= 1, 'a full share of reads at once');
+    // A member that stayed routable keeps its record.
+    for (let i = 0; i < 10; i++) {
+      p.observe(1, 50, true, OP_READ);
+      p.observe(2, 1, true, OP_READ);
+    }
+    p.update(view([1, 1, 1], 2));
+    assert.equal(p.ejectedNow(1), true, 'a leader change is no reason to forget an outlier');
+  });
+
   it('lets an ejected member back only well under the limit (hysteresis)', () => {
     const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
     p.update(view([1, 1, 1], 0));

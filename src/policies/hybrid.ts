@@ -7,7 +7,8 @@
  *   exceeds rho (2) times the median EWMA of the routable members leaves the read pool until it
  *   is back under 0.75 x that limit (hysteresis, so a member near the line does not flap); a
  *   small probe share of reads (0.5%) still reaches ejected members, so their EWMA can recover
- *   and they can return.
+ *   and they can return. A member that was down (out of the routable set) is judged anew when it
+ *   comes back.
  */
 import { OP_WRITE, type PolicySettings } from '../server/protocol.js';
 import { rotateInto, routable, type ClusterView, type Policy } from './types.js';
@@ -44,7 +45,18 @@ export class HybridPolicy implements Policy {
       this.isEjected = new Uint8Array(size);
       this.scratch = new Float64Array(size);
     }
+    const before = this.nodes;
     this.nodes = routable(view);
+    // A member back from being down (unhealthy, or held after refusing connections) is judged
+    // anew: the EWMA its failed reads left would keep it out of the pool long after it is well,
+    // and only the probe share of reads could wear it down (seconds at hundreds of reads a
+    // second, minutes at a few). Runs at a membership change, not a request.
+    for (const node of this.nodes) {
+      if (before.includes(node)) continue;
+      this.readEwmaMs[node] = Number.NaN;
+      this.readSamples[node] = 0;
+      this.isEjected[node] = 0;
+    }
     this.leader = view.leader;
     // A new publication supersedes what this thread suspected of the old one.
     this.leaderSuspect = false;
