@@ -6,6 +6,8 @@ import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { createServer, type Socket } from 'node:net';
 import { afterEach, beforeEach, describe, it, mock } from 'node:test';
+import { createServer as createHttpServer } from 'node:http';
+import { EtcdLeaderProbe } from '../src/membership/leader.js';
 import { Membership } from '../src/membership/membership.js';
 import { PollLoop } from '../src/membership/poll.js';
 import { startNodes } from './fixtures/fake-node.js';
@@ -120,6 +122,56 @@ describe('Membership probes', () => {
     } finally {
       silent.close();
       await failing!.stop();
+    }
+  });
+});
+
+describe('EtcdLeaderProbe: which leader it publishes', () => {
+  /** Three members answering /v3/maintenance/status as scripted (over real HTTP). */
+  async function members(): Promise<{ urls: string[]; answer: { memberId: string; leader: string; term: number }[]; close(): Promise<void> }> {
+    const answer = [
+      { memberId: '11', leader: '11', term: 5 },
+      { memberId: '22', leader: '11', term: 5 },
+      { memberId: '33', leader: '11', term: 5 },
+    ];
+    const servers = answer.map((_, i) =>
+      createHttpServer((_req, res) => {
+        const a = answer[i]!;
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ header: { member_id: a.memberId }, leader: a.leader, raftTerm: String(a.term) }));
+      }),
+    );
+    await Promise.all(servers.map((s) => new Promise<void>((resolve) => s.listen(0, '127.0.0.1', resolve))));
+    return {
+      urls: servers.map((s) => `http://127.0.0.1:${(s.address() as { port: number }).port}`),
+      answer,
+      close: () => Promise.all(servers.map((s) => new Promise((resolve) => s.close(resolve)))).then(() => undefined),
+    };
+  }
+
+  it('publishes the leader of the newest term, and none while the newest term has no leader yet', async () => {
+    const m = await members();
+    const probe = new EtcdLeaderProbe({ members: m.urls.map((url, i) => ({ id: `e${i}`, url })) });
+    try {
+      await probe.probeOnce();
+      assert.equal(probe.leader, 'e0');
+      // e1 and e2 moved to term 6 and are electing; e0, cut off from them, still names itself.
+      m.answer[1] = { memberId: '22', leader: '0', term: 6 };
+      m.answer[2] = { memberId: '33', leader: '0', term: 6 };
+      await probe.probeOnce();
+      assert.equal(probe.leader, null, 'not the stale leader of term 5');
+      // The election is over: e2 leads term 6.
+      m.answer[1] = { memberId: '22', leader: '33', term: 6 };
+      m.answer[2] = { memberId: '33', leader: '33', term: 6 };
+      await probe.probeOnce();
+      assert.equal(probe.leader, 'e2');
+      // One member at the newest term naming it is enough, whatever the others still say.
+      m.answer[0] = { memberId: '11', leader: '0', term: 7 };
+      m.answer[1] = { memberId: '22', leader: '11', term: 7 };
+      await probe.probeOnce();
+      assert.equal(probe.leader, 'e0');
+    } finally {
+      probe.stop();
+      await m.close();
     }
   });
 });

@@ -71,13 +71,21 @@ export class EtcdLeaderProbe extends EventEmitter {
     if (this.probing) return this.probing;
     this.probing = Promise.all(this.members.map((m) => this.status(m))).then((answers) => {
       this.probing = null;
+      // The newest term decides. If no member at that term names a leader (an election under way
+      // there), none is published: a leader named only at an older term may be one cut off from
+      // its peers, and writes pinned to it would wait out their timeouts.
       let best: StatusAnswer | null = null;
+      let top = -1n;
       const answered = new Set<string>();
       for (const answer of answers) {
         if (answer === null) continue;
         answered.add(answer.id);
         this.byMemberId.set(answer.memberId, answer.id);
-        if (answer.leader !== '0' && (best === null || answer.term > best.term)) best = answer;
+        const names = answer.leader !== '0';
+        if (answer.term > top) {
+          top = answer.term;
+          best = names ? answer : null;
+        } else if (answer.term === top && best === null && names) best = answer;
       }
       const leaderId = best !== null ? this.byMemberId.get(best.leader) : undefined;
       this.set(leaderId !== undefined && answered.has(leaderId) ? leaderId : null);
