@@ -85,6 +85,17 @@ describe('boltzmann', () => {
     assert.ok(p.share(1) < 0.01, `one error already makes it much less likely: ${p.share(1)}`);
   });
 
+  it('starts a member afresh when it comes back from being down (its failures had left it near zero)', () => {
+    const p = new BoltzmannPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1]));
+    for (let i = 0; i < 10; i++) for (const n of [0, 1]) p.observe(n, 1, true);
+    for (let i = 0; i < 5; i++) p.observe(2, 1, false);
+    assert.ok(p.share(2) < 1e-12);
+    p.update(view([1, 1, 0]));
+    p.update(view([1, 1, 1]));
+    assert.ok(Math.abs(p.share(2) - 1 / 3) < 1e-9, `explored as an unmeasured member: ${p.share(2)}`);
+  });
+
   it('leaves a member near-zero probability after more than three consecutive failures', () => {
     // A hot temperature, so that only the failure rule (not the inflated EWMA) can explain it.
     const p = new BoltzmannPolicy({ ...DEFAULT_POLICY_SETTINGS, temperatureMs: 10_000 });

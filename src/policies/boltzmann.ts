@@ -3,8 +3,9 @@
  * comparator. Each member keeps an EWMA of its observed latency (alpha 0.3); the primary is drawn
  * with probability proportional to exp(-(ewma - best) / temperature) (temperature 1 ms), so
  * faster members are chosen more often and the others are still explored. A failure inflates the
- * estimate; more than three consecutive failures leave a member near-zero probability. It has no
- * notion of reads and writes: that is the point of comparing it.
+ * estimate; more than three consecutive failures leave a member near-zero probability, until it
+ * is down and back (then it starts afresh). It has no notion of reads and writes: that is the
+ * point of comparing it.
  */
 import type { PolicySettings } from '../server/protocol.js';
 import { routable, type ClusterView, type Policy } from './types.js';
@@ -35,7 +36,15 @@ export class BoltzmannPolicy implements Policy {
       this.probability = new Float64Array(size);
       this.order = new Int32Array(size);
     }
+    const before = this.nodes;
     this.nodes = routable(view);
+    // A member back from being down starts afresh (explored as an unmeasured one): the failures
+    // that took it to near-zero probability would otherwise keep it there, never drawn again.
+    for (const node of this.nodes) {
+      if (before.includes(node)) continue;
+      this.ewmaMs[node] = Number.NaN;
+      this.failures[node] = 0;
+    }
     this.recompute();
   }
 
