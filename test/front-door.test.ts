@@ -142,6 +142,54 @@ describe('front door: the hedge budget', () => {
   });
 });
 
+describe('front door: hedging at a node\'s own p95', () => {
+  let nodes: FakeNode[];
+  let door: FrontDoor;
+  before(async () => {
+    nodes = await startNodes('p95-a', 'p95-b', 'p95-c');
+    // One worker (one latency window a node); every slow request may hedge (budget 100%); a
+    // fallback delay far above anything here, so only a learned p95 can trigger a hedge.
+    door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [RPC_ROUTE],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({ hedgeDelayMs: 60_000, hedgeBudgetPercent: 100, cancelGraceMs: 20 }),
+    });
+  });
+  after(async () => {
+    await door.stop();
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  it('hedges at the p95 it learned (not the fallback), and learns a node that turned slow for good', async () => {
+    const [home, runnerUp] = await ranking(door.url, 'p95-board');
+    const node = byId(nodes, home!);
+    for (let i = 0; i < 20; i++) assert.equal((await rpc(door.url, 'query.execute', 'p95-board')).headers['x-lakefront-served-by'], home);
+    // Slow from now on: 100 ms, far past its learned p95 (a few ms), far under the 60 s fallback.
+    node.behaviour = { kind: 'answer', delayMs: 100 };
+    try {
+      const hedged: boolean[] = [];
+      for (let i = 0; i < 60; i++) {
+        const reply = await rpc(door.url, 'query.execute', 'p95-board');
+        assert.equal(reply.status, 200);
+        hedged.push(reply.headers['x-lakefront-hedged'] === '1');
+        if (i === 0) assert.equal(reply.headers['x-lakefront-served-by'], runnerUp, 'hedged at the learned p95');
+      }
+      assert.equal(hedged[0], true);
+      // The losers it cut off count as samples of at least their time: the window learns 100 ms,
+      // and hedging falls back to the tail (about 5%), not every request.
+      const late = hedged.slice(-20).filter(Boolean).length;
+      assert.ok(late <= 5, `${late} of the last 20 requests hedged`);
+    } finally {
+      node.behaviour = { kind: 'answer' };
+    }
+  });
+});
+
 describe('front door: HTTP surface', () => {
   let nodes: FakeNode[];
   let server: RouterServer;

@@ -88,6 +88,15 @@ export interface TransportOptions {
 
 const CANCELLED = new H1Error(H1Codes.CANCELLED, 'attempt cancelled');
 
+/*
+ * A cancelled attempt that was on the wire and did not finish within its grace is cut off, and
+ * its elapsed time is reported as a latency sample all the same: a lower bound of the node's
+ * latency (it had not answered by then). Without it a node that turned slow for good was never
+ * sampled while hedges kept winning (every loser cut off unsampled), so its window kept its old
+ * fast latencies and every request hedged (with an unbounded budget: 200 of 200). Unsent
+ * attempts (dropped from the queue) say nothing of the node: no sample.
+ */
+
 /**
  * What both attempt kinds share: an attempt ends once, and a cancelled one is given
  * `cancelGraceMs` to finish before `kill()` closes its connection.
@@ -154,8 +163,9 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
   kill(): void {
     if (this.ended) return;
     this.end();
+    const written = this.transport.pool.isWritten(this.ticket!);
     this.transport.pool.cancel(this.ticket!);
-    this.transport.observer.attemptEnded(this.node, true, -1, CANCELLED, this.exchange.op);
+    this.transport.observer.attemptEnded(this.node, true, written ? performance.now() - this.startedAt : -1, CANCELLED, this.exchange.op);
   }
 
   onResponse(status: number, fields: HeaderFields, body: Buffer): void {
@@ -288,8 +298,9 @@ class DispatchAttempt extends CancellableAttempt {
     if (this.ended) return;
     this.end();
     if (this.killed) {
-      // Dropped or closed by us (cancelled): not the node's fault.
-      this.transport.observer.attemptEnded(this.node, true, -1, CANCELLED, this.exchange.op);
+      // Dropped or closed by us (cancelled): not the node's fault; cut off on the wire, a lower
+      // bound of its latency (see CANCELLED).
+      this.transport.observer.attemptEnded(this.node, true, this.abortFn !== null ? performance.now() - this.startedAt : -1, CANCELLED, this.exchange.op);
       return;
     }
     this.transport.observer.attemptEnded(this.node, false, performance.now() - this.startedAt, err, this.exchange.op);
