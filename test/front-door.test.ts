@@ -3,12 +3,14 @@
  * servers, real sockets.
  */
 import assert from 'node:assert/strict';
+import { Buffer } from 'node:buffer';
 import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
 import { connect, createServer, Server } from 'node:net';
 import { after, afterEach, before, describe, it } from 'node:test';
 import { DROPPED_REQUEST_HEADERS } from '../src/contract.js';
 import { parseCommand } from '../src/config/config.js';
+import { ipv6Text } from '../src/server/client-address.js';
 import { route, type RouterServer } from '../src/router/index.js';
 import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
 import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
@@ -661,6 +663,28 @@ describe('front door: --forwarded-for', () => {
       assert.deepEqual(seen(), { for: '203.0.113.7, 127.0.0.1', proto: 'http', host: authority }, "the client's claims of scheme and host are not relayed");
     } finally {
       await door.stop();
+    }
+  });
+
+  it('gives an IPv6 client in its short form (::1, not uWS\'s eight full groups)', async () => {
+    const door = await FrontDoor.start((parseCommand(['--nodes', `fwd-a=${nodes[0]!.url}`, '--port', '0', '--host', '::1', '--threads', '1', '--forwarded-for', 'append'], {}) as { config: FrontDoorConfig }).config);
+    try {
+      const url = `http://[::1]:${door.port}`;
+      assert.equal((await rpc(url, 'query.execute', 'b')).status, 200);
+      assert.equal(seen().for, '::1');
+    } finally {
+      await door.stop();
+    }
+    // Against Node's own serialisation (WHATWG URL, RFC 5952's compression) for a spread of forms.
+    for (const address of ['::', '::1', '2001:db8::1', '2001:db8:0:0:1:0:0:1', 'fe80::1:0:0:0', '2001:0:0:1:0:0:0:1', '1:2:3:4:5:6:7:8', '0:0:1::']) {
+      const bytes = Buffer.alloc(16);
+      const full = new URL(`http://[${address}]/`).hostname.slice(1, -1);
+      const halves = full.split('::');
+      const left = halves[0] ? halves[0].split(':') : [];
+      const right = halves.length > 1 && halves[1] ? halves[1].split(':') : [];
+      const groups = [...left, ...Array(8 - left.length - right.length).fill('0'), ...right];
+      groups.forEach((g, i) => bytes.writeUInt16BE(parseInt(g, 16), i * 2));
+      assert.equal(ipv6Text(new DataView(bytes.buffer, bytes.byteOffset, 16)), full, address);
     }
   });
 
