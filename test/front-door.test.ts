@@ -661,6 +661,10 @@ describe('front door: --forwarded-for', () => {
       assert.deepEqual(seen(), { for: '127.0.0.1', proto: 'http', host: authority });
       assert.equal((await rpc(door.url, 'query.execute', 'b', { headers: claims })).status, 200);
       assert.deepEqual(seen(), { for: '203.0.113.7, 127.0.0.1', proto: 'http', host: authority }, "the client's claims of scheme and host are not relayed");
+      // Several lines are one list, an empty one adds nothing.
+      const raw = await rawExchange(door.url, `POST /rpc/query.execute HTTP/1.1\r\nhost: h.example\r\nx-lakefront-board: b\r\nx-forwarded-for: 198.51.100.9\r\nx-forwarded-for: \r\nx-forwarded-for: 10.0.0.1\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}`);
+      assert.match(raw, /^HTTP\/1\.1 200 /);
+      assert.deepEqual(seen(), { for: '198.51.100.9, 10.0.0.1, 127.0.0.1', proto: 'http', host: 'h.example' });
     } finally {
       await door.stop();
     }
@@ -669,8 +673,8 @@ describe('front door: --forwarded-for', () => {
   it('gives an IPv6 client in its short form (::1, not uWS\'s eight full groups)', async () => {
     const door = await FrontDoor.start((parseCommand(['--nodes', `fwd-a=${nodes[0]!.url}`, '--port', '0', '--host', '::1', '--threads', '1', '--forwarded-for', 'append'], {}) as { config: FrontDoorConfig }).config);
     try {
-      const url = `http://[::1]:${door.port}`;
-      assert.equal((await rpc(url, 'query.execute', 'b')).status, 200);
+      assert.equal(door.url, `http://[::1]:${door.port}`);
+      assert.equal((await rpc(door.url, 'query.execute', 'b')).status, 200);
       assert.equal(seen().for, '::1');
     } finally {
       await door.stop();

@@ -148,12 +148,17 @@ describe('EtcdLeaderProbe: which leader it publishes', () => {
     };
   }
 
-  it('publishes the leader of the newest term, and none while the newest term has no leader yet', async () => {
+  it('publishes the leader of the newest term that has one, and none while a majority is electing past it', async () => {
     const m = await members();
     const probe = new EtcdLeaderProbe({ members: m.urls.map((url, i) => ({ id: `e${i}`, url })) });
     try {
       await probe.probeOnce();
       assert.equal(probe.leader, 'e0');
+      // A lone member cut off from the others campaigns term after term (etcd 3.4, no pre-vote):
+      // its newer term without a leader is no election of the cluster's.
+      m.answer[2] = { memberId: '33', leader: '0', term: 9 };
+      await probe.probeOnce();
+      assert.equal(probe.leader, 'e0', 'one member past the term does not unpublish the leader');
       // e1 and e2 moved to term 6 and are electing; e0, cut off from them, still names itself.
       m.answer[1] = { memberId: '22', leader: '0', term: 6 };
       m.answer[2] = { memberId: '33', leader: '0', term: 6 };

@@ -71,21 +71,23 @@ export class EtcdLeaderProbe extends EventEmitter {
     if (this.probing) return this.probing;
     this.probing = Promise.all(this.members.map((m) => this.status(m))).then((answers) => {
       this.probing = null;
-      // The newest term decides. If no member at that term names a leader (an election under way
-      // there), none is published: a leader named only at an older term may be one cut off from
-      // its peers, and writes pinned to it would wait out their timeouts.
+      // The leader named at the newest term that names one, unless a majority of the members
+      // are past that term with no leader yet (an election among them): then none is published,
+      // for a leader named only at an older term may be one cut off from its peers, and writes
+      // pinned to it would wait out their timeouts. A lone member past it (cut off itself, and
+      // campaigning term after term without pre-vote, as etcd 3.4 does) does not count.
       let best: StatusAnswer | null = null;
-      let top = -1n;
       const answered = new Set<string>();
       for (const answer of answers) {
         if (answer === null) continue;
         answered.add(answer.id);
         this.byMemberId.set(answer.memberId, answer.id);
-        const names = answer.leader !== '0';
-        if (answer.term > top) {
-          top = answer.term;
-          best = names ? answer : null;
-        } else if (answer.term === top && best === null && names) best = answer;
+        if (answer.leader !== '0' && (best === null || answer.term > best.term)) best = answer;
+      }
+      if (best !== null) {
+        let electing = 0;
+        for (const answer of answers) if (answer !== null && answer.leader === '0' && answer.term > best.term) electing++;
+        if (electing * 2 > this.members.length) best = null;
       }
       const leaderId = best !== null ? this.byMemberId.get(best.leader) : undefined;
       this.set(leaderId !== undefined && answered.has(leaderId) ? leaderId : null);

@@ -1014,7 +1014,8 @@ function addForwarded(client: string, host: string): void {
   for (let i = 0; i < h.length; ) {
     const name = h[i]!;
     if (name === 'x-forwarded-for' || name === 'x-forwarded-proto' || name === 'x-forwarded-host') {
-      if (name === 'x-forwarded-for') list = list === '' ? h[i + 1]! : `${list}, ${h[i + 1]!}`;
+      const value = h[i + 1]!;
+      if (name === 'x-forwarded-for' && value !== '') list = list === '' ? value : `${list}, ${value}`;
       h.splice(i, 2);
     } else i += 2;
   }

@@ -399,7 +399,8 @@ export class FrontDoor extends EventEmitter {
 
   get url(): string {
     const host = this.host === '0.0.0.0' || this.host === '::' ? '127.0.0.1' : this.host;
-    return `http://${host}:${this.port}`;
+    // An IPv6 address goes in brackets in a URL.
+    return host.includes(':') ? `http://[${host}]:${this.port}` : `http://${host}:${this.port}`;
   }
 
   private stopPolling(): void {

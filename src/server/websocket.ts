@@ -201,7 +201,7 @@ export class WebSocketTunnels {
       // As for a request (front.ts): the client's own list, then its address.
       const client = clientAddress(res);
       const list = headers['x-forwarded-for'];
-      headers['x-forwarded-for'] = list === undefined ? client : `${list}, ${client}`;
+      headers['x-forwarded-for'] = list === undefined || list.trim() === '' ? client : `${list}, ${client}`;
       headers['x-forwarded-proto'] = 'http';
       const authority = req.getHeader('host');
       if (authority !== '') headers['x-forwarded-host'] = authority;
