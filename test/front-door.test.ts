@@ -5,11 +5,14 @@
 import assert from 'node:assert/strict';
 import { Buffer } from 'node:buffer';
 import { once } from 'node:events';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { connect, createServer, Server } from 'node:net';
 import { after, afterEach, before, describe, it } from 'node:test';
 import { DROPPED_REQUEST_HEADERS } from '../src/contract.js';
 import { parseCommand } from '../src/config/config.js';
+import { parseFileConfig } from '../src/config/file.js';
 import { ipv6Text } from '../src/server/client-address.js';
 import { route, type RouterServer } from '../src/router/index.js';
 import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
@@ -705,6 +708,40 @@ describe('front door: --forwarded-for', () => {
       await door.stop();
     }
     assert.throws(() => parseCommand(['--forwarded-for', 'yes'], {}), /--forwarded-for: must be append or off, got "yes"/);
+  });
+});
+
+describe('front door: node weights from a configuration file', () => {
+  it('ranks by each node\'s configured weight (quantised), and weight 0 takes no board', async () => {
+    const nodes = await startNodes('w-heavy', 'w-light', 'w-off');
+    const weights = { 'w-heavy': 2, 'w-light': 0.6, 'w-off': 0 } as Record<string, number>;
+    const dir = mkdtempSync(join(tmpdir(), 'lf-weights-'));
+    const file = join(dir, 'lf.json');
+    writeFileSync(file, JSON.stringify({
+      clusters: [{ name: 'c', nodes: nodes.map((n) => ({ id: n.id, url: n.url, weight: weights[n.id] })) }],
+      routes: [{ path: '/rpc/*', cluster: 'c', keyHeader: 'x-lakefront-board' }],
+    }));
+    const door = await FrontDoor.start((parseCommand(['--config', file, '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000'], {}) as { config: FrontDoorConfig }).config);
+    try {
+      const info = (await call(`${door.url}/route?board=w-1`)).json<{ ranking: { id: string; weight: number }[] }>();
+      assert.deepEqual(Object.fromEntries(info.ranking.map((r) => [r.id, r.weight])), { 'w-heavy': 2, 'w-light': 0.5 }, 'quantised; weight 0 out of the ranking');
+      const first = new Map<string, number>();
+      for (let i = 0; i < 400; i++) {
+        const [head] = await ranking(door.url, `w-board-${i}`);
+        first.set(head!, (first.get(head!) ?? 0) + 1);
+      }
+      // Rendezvous gives each node its weight's share of boards: 2 / 2.5 and 0.5 / 2.5.
+      assert.ok((first.get('w-heavy') ?? 0) > 280 && (first.get('w-light') ?? 0) > 40, JSON.stringify([...first]));
+      assert.equal(first.get('w-off'), undefined);
+      const reply = await rpc(door.url, 'query.execute', 'w-board-0');
+      assert.equal(reply.status, 200);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+      rmSync(dir, { recursive: true, force: true });
+    }
+    assert.throws(() => parseFileConfig({ clusters: [{ name: 'c', nodes: [{ id: 'a', url: 'http://127.0.0.1:1', weight: 3 }] }], routes: [{ path: '/x/*', cluster: 'c', policy: 'round_robin', keyHeader: null }] }, 'lf.json'), /bad weight 3 for node "a" \(a number 0-2/);
+    assert.throws(() => parseFileConfig({ clusters: [{ name: 'c', nodes: [{ id: 'a', url: 'http://127.0.0.1:1', weight: '1' }] }], routes: [{ path: '/x/*', cluster: 'c', policy: 'round_robin', keyHeader: null }] }, 'lf.json'), /bad weight "1" for node "a"/);
   });
 });
 

@@ -94,12 +94,17 @@ function members(value: unknown, where: string): MemberConfig[] {
     });
     return validateMembers(list, where);
   }
-  if (!Array.isArray(value)) fail(where, 'must be "id=url,..." or a list of { id, url }');
+  if (!Array.isArray(value)) fail(where, 'must be "id=url,..." or a list of { id, url, region?, weight? }');
   return validateMembers(
     value.map((m, i) => {
-      if (!isObject(m)) fail(`${where}[${i}]`, 'must be { id, url, region? }');
-      known(m, ['id', 'url', 'region'], `${where}[${i}]`);
-      return { id: m.id as string, url: m.url as string, ...(m.region !== undefined ? { region: m.region as string } : {}) };
+      if (!isObject(m)) fail(`${where}[${i}]`, 'must be { id, url, region?, weight? }');
+      known(m, ['id', 'url', 'region', 'weight'], `${where}[${i}]`);
+      return {
+        id: m.id as string,
+        url: m.url as string,
+        ...(m.region !== undefined ? { region: m.region as string } : {}),
+        ...(m.weight !== undefined ? { weight: m.weight as number } : {}),
+      };
     }),
     where,
   );

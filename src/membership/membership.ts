@@ -20,6 +20,12 @@ export interface MemberConfig {
   readonly url: string;
   /** The node's region, for region-aware quorums on replicated routes. */
   readonly region?: string;
+  /**
+   * Its capacity, 0-2, quantised to 0, 0.25, 0.5, 1, 1.5 or 2 (default 1): a node of weight 2
+   * wins about twice the boards of one of weight 1; 0 takes none (a drain), healthy or not.
+   * `setCapacity` changes it at run time.
+   */
+  readonly weight?: number;
 }
 
 export interface MembershipOptions {
@@ -68,7 +74,11 @@ export function validateMembers(members: readonly MemberConfig[], what = 'nodes'
     if (region !== undefined && (typeof region !== 'string' || !REGION_NAME.test(region))) {
       throw new ConfigError(`${what}: bad region ${JSON.stringify(region)} for node "${id}" (1-64 letters, digits, '.', '_' or '-')`);
     }
-    return region === undefined ? { id, url: url.origin } : { id, url: url.origin, region };
+    const weight = member.weight;
+    if (weight !== undefined && !(typeof weight === 'number' && weight >= 0 && weight <= 2)) {
+      throw new ConfigError(`${what}: bad weight ${JSON.stringify(weight)} for node "${id}" (a number 0-2, quantised to 0, 0.25, 0.5, 1, 1.5 or 2)`);
+    }
+    return { id, url: url.origin, ...(region !== undefined ? { region } : {}), ...(weight !== undefined ? { weight } : {}) };
   });
 }
 
@@ -99,7 +109,7 @@ export class Membership extends EventEmitter {
     this.fetchImpl = options.fetch ?? globalThis.fetch;
     // Members start healthy: a front door that has not probed yet should try, and failover
     // covers a node that turns out to be down.
-    this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: 1, heldUntil: 0 }]));
+    this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: config.weight ?? 1, heldUntil: 0 }]));
     this.loop = new PollLoop(this.intervalMs, () =>
       this.probeOnce().catch((err: unknown) => {
         this.emit('error', err);
