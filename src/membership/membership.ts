@@ -21,7 +21,8 @@ export interface MemberConfig {
   /** The node's region, for region-aware quorums on replicated routes. */
   readonly region?: string;
   /**
-   * Its capacity, 0-2, quantised to 0, 0.25, 0.5, 1, 1.5 or 2 (default 1): a node of weight 2
+   * Its capacity, 0-2, quantised to the nearest of 0.25, 0.5, 1, 1.5 and 2, 0 only for 0
+   * (default 1): a node of weight 2
    * wins about twice the boards of one of weight 1; 0 takes none (a drain), healthy or not.
    * `setCapacity` changes it at run time.
    */
@@ -76,7 +77,7 @@ export function validateMembers(members: readonly MemberConfig[], what = 'nodes'
     }
     const weight = member.weight;
     if (weight !== undefined && !(typeof weight === 'number' && weight >= 0 && weight <= 2)) {
-      throw new ConfigError(`${what}: bad weight ${JSON.stringify(weight)} for node "${id}" (a number 0-2, quantised to 0, 0.25, 0.5, 1, 1.5 or 2)`);
+      throw new ConfigError(`${what}: bad weight ${JSON.stringify(weight)} for node "${id}" (a number 0-2, quantised to the nearest of 0.25, 0.5, 1, 1.5 and 2; 0 takes no boards)`);
     }
     return { id, url: url.origin, ...(region !== undefined ? { region } : {}), ...(weight !== undefined ? { weight } : {}) };
   });
