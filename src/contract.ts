@@ -104,7 +104,7 @@ export const MAX_KEY_LENGTH = 1024;
 
 /**
  * Whether a request path holds a dot segment (`.` or `..`, or either with the dot
- * percent-encoded), between separators that a node might take for `/`: the slash itself, a
+ * percent-encoded, and with or without `;parameters`, which servlet containers strip), between separators that a node might take for `/`: the slash itself, a
  * percent-encoded one (`%2F`), and a backslash, plain or encoded (`%5C`), which some servers
  * read as a slash. A node that normalises the path would serve another one than the front door
  * classified (a write under a read prefix could be hedged: sent twice), so such paths are refused
@@ -117,4 +117,4 @@ export function hasDotSegment(path: string): boolean {
   return DOT_SEGMENT.test(path);
 }
 
-const DOT_SEGMENT = /(?:^|\/|\\|%2f|%5c)(?:\.|%2e){1,2}(?:\/|\\|%2f|%5c|$)/i;
+const DOT_SEGMENT = /(?:^|\/|\\|%2f|%5c)(?:\.|%2e){1,2}(?:(?:;|%3b)[^/\\]*)?(?:\/|\\|%2f|%5c|$)/i;

@@ -46,3 +46,17 @@ export const ErrorCodes = {
 export function errorBody(message: string, code: string, extra?: Record<string, unknown>): string {
   return JSON.stringify({ error: message, code, ...extra });
 }
+
+/**
+ * Why `JSON.parse` refused a text, without quoting any of it: V8's message quotes the text around
+ * the error ("KEY2bbbbbb"...), which a log line must not carry when the file holds secrets (a
+ * keys file given as the configuration, a hints file with authorization headers).
+ */
+export function jsonProblem(err: unknown): string {
+  const message = err instanceof Error ? err.message : String(err);
+  const at = /at position (\d+)/.exec(message);
+  if (at) return `a syntax error at character ${Number(at[1]) + 1}`;
+  if (/end of JSON/.test(message)) return 'it ends too soon';
+  if (/^Unexpected token/.test(message)) return 'an unexpected character';
+  return 'a syntax error';
+}

@@ -943,6 +943,19 @@ describe('replicated route: hints saved at a stop', () => {
       assert.deepEqual(loadHints(file), [], 'a line break in what becomes a request head: set aside');
       writeFileSync(file, JSON.stringify({ version: 1, hints: [{ ...injected, path: '/kv/x', headers: ['odd'] }] }));
       assert.deepEqual(loadHints(file), [], 'headers not in name/value pairs: set aside');
+      // Its line on stderr quotes none of the file (V8's own message would: a hints file holds
+      // requests' headers).
+      writeFileSync(file, '{"version":1,"hints":[{"headers":["authorization",Bearer s3cr3t-token]}]}');
+      const said: string[] = [];
+      const write = process.stderr.write;
+      process.stderr.write = ((chunk: string | Uint8Array) => said.push(String(chunk)) > 0) as typeof process.stderr.write;
+      try {
+        assert.deepEqual(loadHints(file), []);
+      } finally {
+        process.stderr.write = write;
+      }
+      assert.match(said.join(''), /set aside as \S+\.unreadable: not valid JSON \(an unexpected character\)\n$/);
+      assert.ok(!said.join('').includes('s3cr3t'));
       // Hints for a route or replica this configuration no longer has are dropped, and counted.
       const node = await FakeNode.start('gone-a');
       const config = storeConfig([node], {

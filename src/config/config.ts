@@ -4,7 +4,7 @@
  */
 import { MIN_KEY_LENGTH } from '../affinity/tickets.js';
 import { parseArgs } from 'node:util';
-import { ConfigError } from '../errors.js';
+import { ConfigError, jsonProblem } from '../errors.js';
 import { readFileSync } from 'node:fs';
 import { validateMembers, type MemberConfig } from '../membership/membership.js';
 import type { PolicyName } from '../server/protocol.js';
@@ -107,7 +107,7 @@ function readConfigFile(path: string, source: string): FileConfig {
   try {
     raw = JSON.parse(text);
   } catch (err) {
-    throw new ConfigError(`${path}: not valid JSON (${(err as Error).message})`);
+    throw new ConfigError(`${path}: not valid JSON (${jsonProblem(err)})`);
   }
   return parseFileConfig(raw, path);
 }

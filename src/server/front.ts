@@ -37,6 +37,7 @@ import { ReplicaSet, type ReplicatedCall, type ReplicatedOwner } from '../replic
 import { ACKS_HEADER, VersionClock } from '../replication/quorum.js';
 import { AccessLog, asciiJson } from './access-log.js';
 import { clientAddress } from './client-address.js';
+import { lengthsDisagree } from './framing.js';
 
 /** A drain closes the connections once no request has come for this long (see `drain`). */
 const DRAIN_QUIET_MS = 100;
@@ -731,9 +732,11 @@ export class WorkerFront implements TunnelHost {
       ['/stats', (res, _req, head) => this.stats(res, head)],
     ];
     for (const [path, handler] of own) {
-      app.get(path, (res, req) => handler(res, req, false));
-      app.head(path, (res, req) => handler(res, req, true));
+      // Not the hot path: each checks its framing with a pass of its own (see framing.ts).
+      app.get(path, (res, req) => (lengthsDisagree(req) ? this.dropFraming(res) : handler(res, req, false)));
+      app.head(path, (res, req) => (lengthsDisagree(req) ? this.dropFraming(res) : handler(res, req, true)));
       app.any(path, (res, req) => {
+        if (lengthsDisagree(req)) return this.dropFraming(res);
         const method = req.getCaseSensitiveMethod();
         this.refuse(res, 405, errorBody(`${path} answers GET and HEAD, not ${method}`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, OWN_METHODS);
       });
@@ -746,6 +749,7 @@ export class WorkerFront implements TunnelHost {
     if (!this.routes.some((r) => r.spec.pattern === '/*')) {
       app.any('/*', (res, req) => {
         if (this.accessLog !== null) this.mayRefuse(null, req.getCaseSensitiveMethod(), req.getUrl(), clientAddress(res));
+        if (lengthsDisagree(req)) return this.dropFraming(res);
         this.refuse(res, 404, JSON.stringify({ error: 'not found' }), this.draining, null, req.getMethod() === 'head');
       });
     }
@@ -842,6 +846,18 @@ export class WorkerFront implements TunnelHost {
     if (arrival !== null) this.logRequest(arrival, status, null, 0, false, head ? 0 : body.length, errorCodeOf(body));
   }
 
+  /**
+   * Two different content-length lines (framing.ts): the connection is closed at once, without an
+   * answer, so that uWS reads nothing after it as a request. Counted as refused, and logged as a
+   * 400 with no body.
+   */
+  dropFraming(res: HttpResponse, arrival = this.refusing): void {
+    this.slot.bump(C_REJECTED);
+    this.refusing = null;
+    res.close();
+    if (arrival !== null) this.logRequest(arrival, 400, null, 0, false, 0, ErrorCodes.BAD_REQUEST);
+  }
+
   /** With the access log on: what a refusal of this request, if one comes, logs. */
   private mayRefuse(route: string | null, method: string, path: string, client: string): void {
     this.refusing = { route, method, path, client, startedAt: performance.now() };
@@ -896,9 +912,9 @@ export class WorkerFront implements TunnelHost {
     req.forEach(scanHeader);
     if (this.forwardedFor) addForwarded(this.refusing === null ? clientAddress(res) : this.refusing.client, req.getHeader('host'));
     // Which of two lengths frames the body is the request smuggler's question (RFC 9112 6.3):
-    // refused before anything else, and the connection closed, as its framing is in doubt.
+    // before anything else, the connection is closed (framing.ts).
     if (scan.lengthConflict) {
-      this.refuse(res, 400, errorBody('two different content-length lines', ErrorCodes.BAD_REQUEST), true, null, head);
+      this.dropFraming(res);
       return;
     }
     const headers = scan.headers;

@@ -13,7 +13,7 @@ import { accessSync, closeSync, constants, readFileSync, renameSync, rmSync, wri
 import { dirname } from 'node:path';
 import { createServer } from 'node:net';
 import { Worker } from 'node:worker_threads';
-import { ConfigError } from '../errors.js';
+import { ConfigError, jsonProblem } from '../errors.js';
 import { openAccessLog } from './access-log.js';
 import { Membership, type MemberConfig } from '../membership/membership.js';
 import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, TableWriter, type NodeRow } from '../membership/table.js';
@@ -939,8 +939,14 @@ export function loadHints(file: string): SavedHint[] {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
     throw new ConfigError(`hints file ${file}: ${(err as Error).message}`);
   }
+  let parsed: { version?: unknown; hints?: unknown };
   try {
-    const parsed = JSON.parse(text) as { version?: unknown; hints?: unknown };
+    parsed = JSON.parse(text) as { version?: unknown; hints?: unknown };
+  } catch (err) {
+    // Not V8's message: it quotes the text, and a hints file holds requests' headers.
+    return setAside(file, `not valid JSON (${jsonProblem(err)})`);
+  }
+  try {
     if (parsed.version !== 1 || !Array.isArray(parsed.hints)) throw new Error('not a version 1 hints file');
     return parsed.hints.map((h: Record<string, unknown>) => {
       // What goes into a request head: no line breaks, names and values in pairs.
@@ -953,10 +959,15 @@ export function loadHints(file: string): SavedHint[] {
       return { ...(h as unknown as SavedHint), body: h.body === null ? null : Buffer.from(h.body as string, 'base64') };
     });
   } catch (err) {
-    renameSync(file, `${file}.unreadable`);
-    process.stderr.write(`lakefront: hints file ${file} set aside as ${file}.unreadable: ${(err as Error).message}\n`);
-    return [];
+    return setAside(file, (err as Error).message);
   }
+}
+
+/** A hints file that cannot be read as hints is renamed `.unreadable`, with a line on stderr. */
+function setAside(file: string, why: string): SavedHint[] {
+  renameSync(file, `${file}.unreadable`);
+  process.stderr.write(`lakefront: hints file ${file} set aside as ${file}.unreadable: ${why}\n`);
+  return [];
 }
 
 /** Saves hints for the next start (written whole, then renamed into place); returns how many. */

@@ -82,6 +82,8 @@ export interface TunnelHost {
   refresh(): void;
   /** Answers a request itself (counted as rejected). */
   refuse(res: HttpResponse, status: number, body: string, close: boolean): void;
+  /** Closes the connection of a request whose framing is in doubt, unanswered (framing.ts). */
+  dropFraming(res: HttpResponse): void;
   /** The last open tunnel has closed (a drain waiting for them goes on). */
   tunnelsClosed(): void;
 }
@@ -192,11 +194,21 @@ export class WebSocketTunnels {
     const key = keyHeader === null ? '' : req.getHeader(keyHeader);
     // No prototype: a header named `constructor` or `__proto__` is just a header.
     const headers = Object.create(null) as Record<string, string>;
+    let length: string | null = null;
+    let lengthsDisagree = false;
     req.forEach((name, value) => {
+      if (name === 'content-length') {
+        if (length === null) length = value;
+        else if (value !== length) lengthsDisagree = true;
+      }
       if (DROPPED_REQUEST_HEADERS.has(name) || HANDSHAKE_HEADERS.has(name) || name === tickets?.header) return;
       // Two field lines are one list; cookies are joined as one cookie line (RFC 9113 8.2.3).
       headers[name] = name in headers ? `${headers[name]}${name === 'cookie' ? '; ' : ', '}${value}` : value;
     });
+    if (lengthsDisagree) {
+      host.dropFraming(res);
+      return;
+    }
     if (host.forwardedFor) {
       // As for a request (front.ts): the client's own list, then its address.
       const client = clientAddress(res);
