@@ -342,30 +342,34 @@ describe('front door: HTTP surface', () => {
     assert.equal(got[0]!.headers['x-evil'], 'fine\tand ~ printable');
   });
 
-  it('refuses a transfer coding other than chunked (400 when chunked is not last, 501 otherwise) and forwards nothing', async () => {
-    const send = (codingLines: string): Promise<string> =>
-      rawExchange(server.url, `POST /rpc/board.append HTTP/1.1\r\nhost: x\r\nx-lakefront-board: te-board\r\n${codingLines}connection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n`);
-    const cases: [string, number, string][] = [
-      ['transfer-encoding: gzip\r\n', 400, 'LF_ERR_BAD_REQUEST'],
-      ['transfer-encoding: chunked, gzip\r\n', 400, 'LF_ERR_BAD_REQUEST'],
-      ['transfer-encoding: chunked, chunked\r\n', 400, 'LF_ERR_BAD_REQUEST'],
+  it('closes the connection of a request whose transfer-encoding does not end in chunked (framing in doubt), refuses any coding before chunked (501), and forwards nothing', async () => {
+    // No `connection: close`: a 400 would keep the connection open, only a drop ends it.
+    const send = (codingLines: string, keyed = true): Promise<string> =>
+      rawExchange(server.url, `POST /rpc/board.append HTTP/1.1\r\nhost: x\r\n${keyed ? 'x-lakefront-board: te-board\r\n' : ''}${codingLines}\r\n2\r\n{}\r\n0\r\n\r\n`);
+    // uWS reads each of these bodies as chunked; a proxy in front may not, and what follows
+    // must not be read as a request: closed at once, unanswered.
+    for (const lines of [
+      'transfer-encoding: gzip\r\n',
+      'transfer-encoding: chunked, gzip\r\n',
+      'transfer-encoding: chunked, chunked\r\n',
       // Empty, uWS still reads a chunked body: the front door must not take it for no body.
-      ['transfer-encoding: \r\n', 400, 'LF_ERR_BAD_REQUEST'],
+      'transfer-encoding: \r\n',
       // An empty line before chunked: uWS then reads no body at all.
-      ['transfer-encoding: \r\ntransfer-encoding: chunked\r\n', 400, 'LF_ERR_BAD_REQUEST'],
-      ['transfer-encoding: gzip, chunked\r\n', 501, 'LF_ERR_UNSUPPORTED'],
-      // Two field lines are one list: gzip, chunked.
-      ['transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n', 501, 'LF_ERR_UNSUPPORTED'],
-    ];
-    for (const [lines, status, code] of cases) {
-      const answer = await send(lines);
-      assert.match(answer, new RegExp(`^HTTP/1\\.1 ${status} `), lines);
-      assert.match(answer, new RegExp(`"code":"${code}"`), lines);
+      'transfer-encoding: \r\ntransfer-encoding: chunked\r\n',
+    ]) {
+      assert.equal(await send(lines), '', lines);
+      assert.equal(await send(lines, false), '', `${lines} (before the missing board's 401)`);
+    }
+    // A coding before chunked: framed by chunked all the same, so answered (and closed).
+    for (const lines of ['transfer-encoding: gzip, chunked\r\n', 'transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n']) {
+      const answer = await rawExchange(server.url, `POST /rpc/board.append HTTP/1.1\r\nhost: x\r\nx-lakefront-board: te-board\r\n${lines}connection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n`);
+      assert.match(answer, /^HTTP\/1\.1 501 /, lines);
+      assert.match(answer, /"code":"LF_ERR_UNSUPPORTED"/);
       assert.match(answer, /is not supported \(only chunked\)/);
     }
     assert.equal(nodes.reduce((n, node) => n + node.received.length, 0), 0, 'no node saw any of them');
     // Chunked alone, in any case, is forwarded (de-chunked, with a content-length).
-    const answer = await send('Transfer-Encoding: Chunked\r\n');
+    const answer = await rawExchange(server.url, 'POST /rpc/board.append HTTP/1.1\r\nhost: x\r\nx-lakefront-board: te-board\r\nTransfer-Encoding: Chunked\r\nconnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n');
     assert.match(answer, /^HTTP\/1\.1 200 /);
     const got = nodes.flatMap((node) => node.received);
     assert.equal(got.length, 1);

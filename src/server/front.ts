@@ -364,6 +364,15 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   }
 }
 
+/**
+ * Whether chunked is a transfer-encoding list's last coding, once, with no empty one: the body is
+ * framed by chunked (RFC 9112 6.3). Otherwise the framing is in doubt.
+ */
+function chunkedLast(codings: string): boolean {
+  const list = codings.split(',').map((c) => c.trim().toLowerCase());
+  return list.indexOf('chunked') === list.length - 1 && !list.includes('');
+}
+
 /** Whether a transfer-encoding list is exactly `chunked` (any case, no other coding). */
 function isChunkedOnly(codings: string): boolean {
   return codings.trim().toLowerCase() === 'chunked';
@@ -827,12 +836,10 @@ export class WorkerFront implements TunnelHost {
    * 9112 asks: 400 when chunked is not the final coding, or comes twice, or the value is empty
    * (the body's length is unknown); 501 for a coding it does not know.
    */
+  /** A coding before chunked (`gzip, chunked`): framed by chunked, but not one the nodes get. */
   private refuseCodings(res: HttpResponse, codings: string, head: boolean): void {
-    const list = codings.split(',').map((c) => c.trim().toLowerCase());
-    const chunkedLastOnly = list.indexOf('chunked') === list.length - 1 && !list.includes('');
     const reason = `transfer-encoding ${JSON.stringify(codings)} is not supported (only chunked)`;
-    if (chunkedLastOnly) this.refuse(res, 501, errorBody(reason, ErrorCodes.UNSUPPORTED), true, null, head);
-    else this.refuse(res, 400, errorBody(reason, ErrorCodes.BAD_REQUEST), true, null, head);
+    this.refuse(res, 501, errorBody(reason, ErrorCodes.UNSUPPORTED), true, null, head);
   }
 
   /**
@@ -911,9 +918,10 @@ export class WorkerFront implements TunnelHost {
     scan.begin(keyHeader ?? '', tickets === null ? '' : tickets.header);
     req.forEach(scanHeader);
     if (this.forwardedFor) addForwarded(this.refusing === null ? clientAddress(res) : this.refusing.client, req.getHeader('host'));
-    // Which of two lengths frames the body is the request smuggler's question (RFC 9112 6.3):
-    // before anything else, the connection is closed (framing.ts).
-    if (scan.lengthConflict) {
+    // Which of two lengths frames the body, or whether a transfer-encoding whose last coding is
+    // not chunked frames it at all, is the request smuggler's question (RFC 9112 6.3): before
+    // anything else, the connection is closed (framing.ts). uWS reads such a body as chunked.
+    if (scan.lengthConflict || (scan.chunked && !isChunkedOnly(scan.codings) && !chunkedLast(scan.codings))) {
       this.dropFraming(res);
       return;
     }
