@@ -398,6 +398,15 @@ describe('front door: HTTP surface', () => {
       ['GET /nothing/here', `content-length: 0\r\ncontent-length: ${hidden.length}\r\n`, hidden],
       // And a WebSocket handshake.
       ['GET /rpc/live', `x-lakefront-board: cl-board\r\nupgrade: websocket\r\nconnection: upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\ncontent-length: 0\r\ncontent-length: ${hidden.length}\r\n`, hidden],
+      // An empty first line is a length too (uWS reads no body by it).
+      ['POST /rpc/board.append', `x-lakefront-board: cl-board\r\ncontent-length: \r\ncontent-length: ${hidden.length}\r\n`, hidden],
+      ['HEAD /rpc/board.append', `content-length: \r\ncontent-length: ${hidden.length}\r\n`, hidden],
+      // A transfer-encoding that does not end in chunked, on the own endpoints, the 404 and a
+      // handshake (uWS reads a chunked body, here empty, and then the hidden request).
+      ['GET /health', 'transfer-encoding: gzip\r\n', `0\r\n\r\n${hidden}`],
+      ['GET /route?board=b', 'transfer-encoding: chunked;x\r\n', `0\r\n\r\n${hidden}`],
+      ['POST /nothing/here', 'transfer-encoding: gzip\r\n', `0\r\n\r\n${hidden}`],
+      ['GET /rpc/live', 'upgrade: websocket\r\nconnection: upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\ntransfer-encoding: gzip\r\n', `0\r\n\r\n${hidden}`],
     ];
     for (const [start, lengths, body] of cases) assert.equal(await send(start, lengths, body), '', `${start}: closed without an answer`);
     assert.equal(nodes.reduce((n, node) => n + node.received.length, 0), 0, 'no node saw any of them, nor a hidden request');

@@ -37,7 +37,7 @@ import { ReplicaSet, type ReplicatedCall, type ReplicatedOwner } from '../replic
 import { ACKS_HEADER, VersionClock } from '../replication/quorum.js';
 import { AccessLog, asciiJson } from './access-log.js';
 import { clientAddress } from './client-address.js';
-import { lengthsDisagree } from './framing.js';
+import { chunkedLast, framingInDoubt } from './framing.js';
 
 /** A drain closes the connections once no request has come for this long (see `drain`). */
 const DRAIN_QUIET_MS = 100;
@@ -168,7 +168,12 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   onChunk(chunk: ArrayBuffer, isLast: boolean): void {
     if (this.answered) return;
     const size = chunk.byteLength;
-    if (this.overflowed || this.received + size > this.front.maxBodyBytes || (this.expected >= 0 && this.received + size > this.expected)) {
+    // uWS framed the body otherwise than its content-length says: the framing is in doubt.
+    if (this.expected >= 0 && this.received + size > this.expected) {
+      this.dropFraming();
+      return;
+    }
+    if (this.overflowed || this.received + size > this.front.maxBodyBytes) {
       // Too large (a chunked body: a declared length is refused before any of it comes). The
       // rest is read and dropped and the 413 sent at its end, for a body up to LINGER_BYTES:
       // closing while the client still sends would reset the connection and lose the answer.
@@ -195,7 +200,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     }
     if (!isLast) return;
     if (this.expected >= 0 && this.received !== this.expected) {
-      this.reject(400, errorBody('request body shorter than its content-length', ErrorCodes.BAD_REQUEST), true);
+      this.dropFraming();
       return;
     }
     if (this.chunks !== null) this.upstream.body = Buffer.concat(this.chunks);
@@ -355,6 +360,13 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     this.finish();
   }
 
+  /** Its body came framed otherwise than it said: the connection is closed unanswered (framing.ts). */
+  private dropFraming(): void {
+    this.answered = true;
+    this.front.dropFraming(this.res, this.arrival);
+    this.finish();
+  }
+
   private finished = false;
 
   private finish(): void {
@@ -362,15 +374,6 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     this.finished = true;
     this.front.requestFinished(this);
   }
-}
-
-/**
- * Whether chunked is a transfer-encoding list's last coding, once, with no empty one: the body is
- * framed by chunked (RFC 9112 6.3). Otherwise the framing is in doubt.
- */
-function chunkedLast(codings: string): boolean {
-  const list = codings.split(',').map((c) => c.trim().toLowerCase());
-  return list.indexOf('chunked') === list.length - 1 && !list.includes('');
 }
 
 /** Whether a transfer-encoding list is exactly `chunked` (any case, no other coding). */
@@ -742,10 +745,10 @@ export class WorkerFront implements TunnelHost {
     ];
     for (const [path, handler] of own) {
       // Not the hot path: each checks its framing with a pass of its own (see framing.ts).
-      app.get(path, (res, req) => (lengthsDisagree(req) ? this.dropFraming(res) : handler(res, req, false)));
-      app.head(path, (res, req) => (lengthsDisagree(req) ? this.dropFraming(res) : handler(res, req, true)));
+      app.get(path, (res, req) => (framingInDoubt(req) ? this.dropFraming(res) : handler(res, req, false)));
+      app.head(path, (res, req) => (framingInDoubt(req) ? this.dropFraming(res) : handler(res, req, true)));
       app.any(path, (res, req) => {
-        if (lengthsDisagree(req)) return this.dropFraming(res);
+        if (framingInDoubt(req)) return this.dropFraming(res);
         const method = req.getCaseSensitiveMethod();
         this.refuse(res, 405, errorBody(`${path} answers GET and HEAD, not ${method}`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, OWN_METHODS);
       });
@@ -758,7 +761,7 @@ export class WorkerFront implements TunnelHost {
     if (!this.routes.some((r) => r.spec.pattern === '/*')) {
       app.any('/*', (res, req) => {
         if (this.accessLog !== null) this.mayRefuse(null, req.getCaseSensitiveMethod(), req.getUrl(), clientAddress(res));
-        if (lengthsDisagree(req)) return this.dropFraming(res);
+        if (framingInDoubt(req)) return this.dropFraming(res);
         this.refuse(res, 404, JSON.stringify({ error: 'not found' }), this.draining, null, req.getMethod() === 'head');
       });
     }
@@ -1059,7 +1062,8 @@ const scan = {
   headers: [] as string[],
   key: '',
   contentLength: '',
-  /** Two content-length lines with different values came. */
+  /** A content-length line came (its value may be empty), and two with different values. */
+  lengthSeen: false,
   lengthConflict: false,
   chunked: false,
   /** The transfer-encoding list ('' when none). */
@@ -1074,6 +1078,7 @@ const scan = {
     this.headers = [];
     this.key = '';
     this.contentLength = '';
+    this.lengthSeen = false;
     this.lengthConflict = false;
     this.chunked = false;
     this.codings = '';
@@ -1112,7 +1117,8 @@ function scanHeader(name: string, value: string): void {
       break;
     case 14:
       if (name === 'content-length') {
-        if (scan.contentLength !== '' && scan.contentLength !== value) scan.lengthConflict = true;
+        if (scan.lengthSeen && scan.contentLength !== value) scan.lengthConflict = true;
+        scan.lengthSeen = true;
         scan.contentLength = value;
         return;
       }

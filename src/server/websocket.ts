@@ -38,6 +38,7 @@ import type { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, type NodeSpec, type RouteSpec } from './protocol.js';
 import { statusBytes } from './relay.js';
 import { clientAddress } from './client-address.js';
+import { framingInDoubt } from './framing.js';
 
 /** The ticket's own node: passed over as any other, except when it sheds load (503 + Retry-After). */
 function passOverOwnNode(status: number, headers: ReadonlyMap<string, string>): boolean {
@@ -168,6 +169,11 @@ export class WebSocketTunnels {
       return;
     }
     const host = this.host;
+    // Before any refusal: its framing in doubt, the connection is closed unanswered (framing.ts).
+    if (framingInDoubt(req)) {
+      host.dropFraming(res);
+      return;
+    }
     host.refresh();
     // Everything is read from `req` now: it is gone once this handler returns.
     const url = req.getUrl();
@@ -194,21 +200,11 @@ export class WebSocketTunnels {
     const key = keyHeader === null ? '' : req.getHeader(keyHeader);
     // No prototype: a header named `constructor` or `__proto__` is just a header.
     const headers = Object.create(null) as Record<string, string>;
-    let length: string | null = null;
-    let lengthsDisagree = false;
     req.forEach((name, value) => {
-      if (name === 'content-length') {
-        if (length === null) length = value;
-        else if (value !== length) lengthsDisagree = true;
-      }
       if (DROPPED_REQUEST_HEADERS.has(name) || HANDSHAKE_HEADERS.has(name) || name === tickets?.header) return;
       // Two field lines are one list; cookies are joined as one cookie line (RFC 9113 8.2.3).
       headers[name] = name in headers ? `${headers[name]}${name === 'cookie' ? '; ' : ', '}${value}` : value;
     });
-    if (lengthsDisagree) {
-      host.dropFraming(res);
-      return;
-    }
     if (host.forwardedFor) {
       // As for a request (front.ts): the client's own list, then its address.
       const client = clientAddress(res);
