@@ -104,9 +104,9 @@ export const MAX_KEY_LENGTH = 1024;
 
 /**
  * Whether a request path holds a dot segment (`.` or `..`, or either with the dot
- * percent-encoded, and with or without `;parameters`, which servlet containers strip), between separators that a node might take for `/`: the slash itself, a
- * percent-encoded one (`%2F`), and a backslash, plain or encoded (`%5C`), which some servers
- * read as a slash. A node that normalises the path would serve another one than the front door
+ * percent-encoded, with or without `;parameters`, which servlet containers strip) between
+ * separators that a node might take for `/`: the slash itself, a percent-encoded one (`%2F`), and
+ * a backslash, plain or encoded (`%5C`), which some servers read as a slash. A node that normalises the path would serve another one than the front door
  * classified (a write under a read prefix could be hedged: sent twice), so such paths are refused
  * where the path decides (operation rules, replicated keys, and WebSocket handshakes, whose
  * client library normalises them).

@@ -62,27 +62,27 @@ function str(obj: Json, key: string, where: string, required: true): string;
 function str(obj: Json, key: string, where: string, required?: false): string | undefined;
 function str(obj: Json, key: string, where: string, required = false): string | undefined {
   const v = obj[key];
-  if (v === undefined) return required ? fail(`${field(where, key)}`, 'is required') : undefined;
-  if (typeof v !== 'string' || v === '') fail(`${field(where, key)}`, `must be a non-empty string, got ${JSON.stringify(v)}`);
+  if (v === undefined) return required ? fail(field(where, key), 'is required') : undefined;
+  if (typeof v !== 'string' || v === '') fail(field(where, key), `must be a non-empty string, got ${JSON.stringify(v)}`);
   return v;
 }
 
 function num(obj: Json, key: string, where: string, min: number, max: number): number | undefined {
   const v = obj[key];
   if (v === undefined) return undefined;
-  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) fail(`${field(where, key)}`, `must be a number in ${min}..${max}, got ${JSON.stringify(v)}`);
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) fail(field(where, key), `must be a number in ${min}..${max}, got ${JSON.stringify(v)}`);
   return v;
 }
 
 function bool(obj: Json, key: string, where: string): boolean | undefined {
   const v = obj[key];
   if (v === undefined) return undefined;
-  if (typeof v !== 'boolean') fail(`${field(where, key)}`, `must be true or false, got ${JSON.stringify(v)}`);
+  if (typeof v !== 'boolean') fail(field(where, key), `must be true or false, got ${JSON.stringify(v)}`);
   return v;
 }
 
 function known(obj: Json, keys: readonly string[], where: string): void {
-  for (const key of Object.keys(obj)) if (!keys.includes(key)) fail(`${field(where, key)}`, `unknown setting (known: ${keys.join(', ')})`);
+  for (const key of Object.keys(obj)) if (!keys.includes(key)) fail(field(where, key), `unknown setting (known: ${keys.join(', ')})`);
 }
 
 function members(value: unknown, where: string): MemberConfig[] {
@@ -119,7 +119,7 @@ function operations(value: unknown, where: string, base: OperationRules | null):
   known(value, ['reads', 'writes', 'unsupported', 'otherwise'], where);
   const list = (key: 'reads' | 'writes' | 'unsupported'): readonly string[] => {
     const v: unknown = value[key] ?? base?.[key] ?? [];
-    if (!Array.isArray(v) || v.some((p) => typeof p !== 'string' || !PATH_PATTERN.test(p))) fail(`${field(where, key)}`, `must be a list of paths starting with / (exact, or a prefix ending in *), got ${JSON.stringify(v)}`);
+    if (!Array.isArray(v) || v.some((p) => typeof p !== 'string' || !PATH_PATTERN.test(p))) fail(field(where, key), `must be a list of paths starting with / (exact, or a prefix ending in *), got ${JSON.stringify(v)}`);
     return v as string[];
   };
   const otherwise = value.otherwise ?? base?.otherwise ?? 'write';
@@ -180,7 +180,7 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
   const size = cluster.members.length;
   const whole = (key: string, min: number, max: number): number | undefined => {
     const v = num(value, key, where, min, max);
-    if (v !== undefined && !Number.isInteger(v)) fail(`${field(where, key)}`, `must be a whole number, got ${v}`);
+    if (v !== undefined && !Number.isInteger(v)) fail(field(where, key), `must be a whole number, got ${v}`);
     return v;
   };
   const n = whole('n', 1, 1_000) ?? Math.min(3, size);
@@ -188,7 +188,7 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
   const consistency = (value.consistency ?? 'quorum') as Consistency;
   if (!CONSISTENCY_LEVELS.includes(consistency)) fail(`${where}.consistency`, `unknown level ${JSON.stringify(value.consistency)} (known: ${CONSISTENCY_LEVELS.join(', ')})`);
   if (consistency !== 'quorum') {
-    for (const key of ['w', 'r']) if (value[key] !== undefined) fail(`${field(where, key)}`, `applies to consistency "quorum" only (${consistency} takes majorities per region)`);
+    for (const key of ['w', 'r']) if (value[key] !== undefined) fail(field(where, key), `applies to consistency "quorum" only (${consistency} takes majorities per region)`);
   }
   const w = whole('w', 1, n) ?? majority(n);
   const r = whole('r', 1, n) ?? majority(n);
@@ -215,13 +215,15 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
 /** Validates a parsed configuration file. */
 export function parseFileConfig(raw: unknown, file: string): FileConfig {
   if (!isObject(raw)) fail(file, 'must hold a JSON object');
-  known(raw, ['port', 'host', 'threads', 'region', 'hintsFile', 'accessLog', 'forwardedFor', 'clusters', 'routes'], `${file}:`);
-  const forwardedFor = str(raw, 'forwardedFor', `${file}:`);
-  if (forwardedFor !== undefined && forwardedFor !== 'append' && forwardedFor !== 'off') fail(`${file}: forwardedFor`, `must be "append" or "off", got ${JSON.stringify(forwardedFor)}`);
-  const region = str(raw, 'region', `${file}:`);
-  if (region !== undefined && !REGION_NAME.test(region)) fail(`${file}: region`, `must be 1-64 letters, digits, '.', '_' or '-', got ${JSON.stringify(region)}`);
+  /** The top level's place: `lf.json:` (see `field`). */
+  const top = `${file}:`;
+  known(raw, ['port', 'host', 'threads', 'region', 'hintsFile', 'accessLog', 'forwardedFor', 'clusters', 'routes'], top);
+  const forwardedFor = str(raw, 'forwardedFor', top);
+  if (forwardedFor !== undefined && forwardedFor !== 'append' && forwardedFor !== 'off') fail(field(top, 'forwardedFor'), `must be "append" or "off", got ${JSON.stringify(forwardedFor)}`);
+  const region = str(raw, 'region', top);
+  if (region !== undefined && !REGION_NAME.test(region)) fail(field(top, 'region'), `must be 1-64 letters, digits, '.', '_' or '-', got ${JSON.stringify(region)}`);
   const clustersRaw = raw.clusters;
-  if (!Array.isArray(clustersRaw) || clustersRaw.length === 0) fail(`${file}: clusters`, 'must be a non-empty list');
+  if (!Array.isArray(clustersRaw) || clustersRaw.length === 0) fail(field(top, 'clusters'), 'must be a non-empty list');
   const clusters: ClusterConfig[] = [];
   const presets = new Map<string, string>();
   const seenNodeIds = new Set<string>();
@@ -266,7 +268,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     });
   });
   const routesRaw = raw.routes;
-  if (!Array.isArray(routesRaw) || routesRaw.length === 0) fail(`${file}: routes`, 'must be a non-empty list');
+  if (!Array.isArray(routesRaw) || routesRaw.length === 0) fail(field(top, 'routes'), 'must be a non-empty list');
   const routes: RouteConfig[] = routesRaw.map((r, i) => {
     const where = `${file}: routes[${i}]`;
     if (!isObject(r)) fail(where, 'must be an object');
@@ -297,7 +299,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     if (replicated) {
       // The replicas are the key's preference list on the ring; the path is the key by default.
       for (const key of ['operations', 'affinity', 'hedge', 'failoverUnsent', 'preset']) {
-        if (r[key] !== undefined) fail(`${field(where, key)}`, 'does not apply to a replicated route (quorum): every request goes to the key\'s replicas');
+        if (r[key] !== undefined) fail(field(where, key), 'does not apply to a replicated route (quorum): every request goes to the key\'s replicas');
       }
       if (preset !== undefined) fail(`${where}.quorum`, `cluster "${cluster}" is an ${preset} cluster, which replicates by itself`);
       if (policy !== 'ring') fail(`${where}.policy`, `a replicated route places keys on the ring: "ring", not ${JSON.stringify(policy)}`);
@@ -317,17 +319,17 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     if (paths.has(route.pattern)) fail(`${file}: routes[${i}].path`, `duplicate path "${route.pattern}"`);
     paths.add(route.pattern);
   }
-  const port = num(raw, 'port', `${file}:`, 0, 65535);
-  const threads = num(raw, 'threads', `${file}:`, 1, 256);
-  if (port !== undefined && !Number.isInteger(port)) fail(`${file}: port`, `must be a whole number, got ${port}`);
-  if (threads !== undefined && !Number.isInteger(threads)) fail(`${file}: threads`, `must be a whole number, got ${threads}`);
+  const port = num(raw, 'port', top, 0, 65535);
+  const threads = num(raw, 'threads', top, 1, 256);
+  if (port !== undefined && !Number.isInteger(port)) fail(field(top, 'port'), `must be a whole number, got ${port}`);
+  if (threads !== undefined && !Number.isInteger(threads)) fail(field(top, 'threads'), `must be a whole number, got ${threads}`);
   return {
     ...(port !== undefined ? { port } : {}),
     ...(threads !== undefined ? { threads } : {}),
-    ...(str(raw, 'host', `${file}:`) !== undefined ? { host: raw.host as string } : {}),
+    ...(str(raw, 'host', top) !== undefined ? { host: raw.host as string } : {}),
     ...(region !== undefined ? { region } : {}),
-    ...(str(raw, 'hintsFile', `${file}:`) !== undefined ? { hintsFile: raw.hintsFile as string } : {}),
-    ...(str(raw, 'accessLog', `${file}:`) !== undefined ? { accessLog: raw.accessLog as string } : {}),
+    ...(str(raw, 'hintsFile', top) !== undefined ? { hintsFile: raw.hintsFile as string } : {}),
+    ...(str(raw, 'accessLog', top) !== undefined ? { accessLog: raw.accessLog as string } : {}),
     ...(forwardedFor !== undefined ? { forwardedFor } : {}),
     clusters,
     routes,

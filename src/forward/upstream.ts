@@ -86,16 +86,15 @@ export interface TransportOptions {
   readonly cancelGraceMs: number;
 }
 
-const CANCELLED = new H1Error(H1Codes.CANCELLED, 'attempt cancelled');
-
-/*
- * A cancelled attempt that was on the wire and did not finish within its grace is cut off, and
- * its elapsed time is reported as a latency sample all the same: a lower bound of the node's
- * latency (it had not answered by then). Without it a node that turned slow for good was never
- * sampled while hedges kept winning (every loser cut off unsampled), so its window kept its old
- * fast latencies and every request hedged (with an unbounded budget: 200 of 200). Unsent
- * attempts (dropped from the queue) say nothing of the node: no sample.
+/**
+ * What a cancelled attempt ends with. One that was on the wire and did not finish within its
+ * grace is cut off, and its elapsed time is reported as a latency sample all the same: a lower
+ * bound of the node's latency (it had not answered by then). Without it a node that turned slow
+ * for good was never sampled while hedges kept winning (every loser cut off unsampled), so its
+ * window kept its old fast latencies and every request hedged (with an unbounded budget: 200 of
+ * 200). Unsent attempts (dropped from the queue) say nothing of the node: no sample.
  */
+const CANCELLED = new H1Error(H1Codes.CANCELLED, 'attempt cancelled');
 
 /**
  * What both attempt kinds share: an attempt ends once, and a cancelled one is given

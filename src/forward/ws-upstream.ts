@@ -35,8 +35,10 @@ export interface WsUpstreamHandler {
   onOpen(protocol: string): void;
   /** The node answered the handshake with `status` (not 101): its header lines and body (null: over `maxRefusalBytes`). */
   onRefused(status: number, headers: readonly (readonly [string, string])[], body: Buffer | null): void;
-  /** The handshake failed: no connection, a cut or timeout, a malformed or unacceptable answer. */
-  /** `reason`: a socket error's code (`ECONNREFUSED` ...) when it came from one, else a sentence. */
+  /**
+   * The handshake failed: no connection, a cut or timeout, a malformed or unacceptable answer.
+   * `reason`: a socket error's code (`ECONNREFUSED` ...) when it came from one, else a sentence.
+   */
   onFailed(reason: string): void;
   /** A whole message. `data` may view a read buffer: valid only during the call. */
   onMessage(data: Buffer, isBinary: boolean): void;

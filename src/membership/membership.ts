@@ -22,9 +22,8 @@ export interface MemberConfig {
   readonly region?: string;
   /**
    * Its capacity, 0-2, quantised to the nearest of 0.25, 0.5, 1, 1.5 and 2, 0 only for 0
-   * (default 1): a node of weight 2
-   * wins about twice the boards of one of weight 1; 0 takes none (a drain), healthy or not.
-   * `setCapacity` changes it at run time.
+   * (default 1): a node of weight 2 wins about twice the boards of one of weight 1; 0 takes none
+   * (a drain), healthy or not. `setCapacity` changes it at run time.
    */
   readonly weight?: number;
 }
@@ -216,7 +215,7 @@ export class Membership extends EventEmitter {
 
   /** Whether a hold from `markUnhealthy` still keeps the member out. */
   private held(id: string): boolean {
-    return performance.now() < this.states.get(id)!.heldUntil;
+    return performance.now() < this.heldUntil(id);
   }
 
   private verdict(id: string, healthy: boolean): void {

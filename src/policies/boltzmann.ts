@@ -8,7 +8,7 @@
  * point of comparing it.
  */
 import type { PolicySettings } from '../server/protocol.js';
-import { routable, type ClusterView, type Policy } from './types.js';
+import { returned, routable, type ClusterView, type Policy } from './types.js';
 
 /** A failed attempt counts as at least this slow. */
 const FAILURE_PENALTY_MS = 100;
@@ -40,8 +40,7 @@ export class BoltzmannPolicy implements Policy {
     this.nodes = routable(view);
     // A member back from being down starts afresh (explored as an unmeasured one): the failures
     // that took it to near-zero probability would otherwise keep it there, never drawn again.
-    for (const node of this.nodes) {
-      if (before.includes(node)) continue;
+    for (const node of returned(before, this.nodes)) {
       this.ewmaMs[node] = Number.NaN;
       this.failures[node] = 0;
     }

@@ -11,7 +11,7 @@
  *   comes back.
  */
 import { OP_WRITE, type PolicySettings } from '../server/protocol.js';
-import { rotateInto, routable, type ClusterView, type Policy } from './types.js';
+import { returned, rotateInto, routable, type ClusterView, type Policy } from './types.js';
 
 /** Read samples a member needs before it can be judged an outlier. */
 const MIN_SAMPLES = 5;
@@ -51,8 +51,7 @@ export class HybridPolicy implements Policy {
     // anew: the EWMA its failed reads left would keep it out of the pool long after it is well,
     // and only the probe share of reads could wear it down (seconds at hundreds of reads a
     // second, minutes at a few). Runs at a membership change, not a request.
-    for (const node of this.nodes) {
-      if (before.includes(node)) continue;
+    for (const node of returned(before, this.nodes)) {
       this.readEwmaMs[node] = Number.NaN;
       this.readSamples[node] = 0;
       this.isEjected[node] = 0;

@@ -46,6 +46,14 @@ export function routable(view: ClusterView): number[] {
 }
 
 /**
+ * The nodes routable `now` that were not `before` (back from being down): a policy that learns
+ * from outcomes starts them afresh. At a membership change, not a request.
+ */
+export function returned(before: readonly number[], now: readonly number[]): number[] {
+  return now.filter((node) => !before.includes(node));
+}
+
+/**
  * Writes `nodes` into `out` starting at `nodes[start % n]` and wrapping, skipping `skip`;
  * returns the new count. The shared tail of every policy: after the primary, try the others.
  */

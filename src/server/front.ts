@@ -834,12 +834,10 @@ export class WorkerFront implements TunnelHost {
   }
 
   /**
-   * uWS de-chunks a body whatever transfer-encoding says, so any coding but `chunked` alone is
-   * refused (gzip would reach the node stripped of its coding, as if it were the content). As RFC
-   * 9112 asks: 400 when chunked is not the final coding, or comes twice, or the value is empty
-   * (the body's length is unknown); 501 for a coding it does not know.
+   * A coding before a final chunked (`gzip, chunked`): framed by chunked, but uWS de-chunks every
+   * body, so gzip would reach the node stripped of its coding, as if it were the content: 501.
+   * (Codings whose last is not chunked leave the framing in doubt: `dropFraming`.)
    */
-  /** A coding before chunked (`gzip, chunked`): framed by chunked, but not one the nodes get. */
   private refuseCodings(res: HttpResponse, codings: string, head: boolean): void {
     const reason = `transfer-encoding ${JSON.stringify(codings)} is not supported (only chunked)`;
     this.refuse(res, 501, errorBody(reason, ErrorCodes.UNSUPPORTED), true, null, head);
@@ -857,9 +855,9 @@ export class WorkerFront implements TunnelHost {
   }
 
   /**
-   * Two different content-length lines (framing.ts): the connection is closed at once, without an
-   * answer, so that uWS reads nothing after it as a request. Counted as refused, and logged as a
-   * 400 with no body.
+   * A request whose framing is in doubt (framing.ts): the connection is closed at once, without
+   * an answer, so that uWS reads nothing after it as a request. Counted as refused, and logged as
+   * a 400 with no body.
    */
   dropFraming(res: HttpResponse, arrival = this.refusing): void {
     this.slot.bump(C_REJECTED);
@@ -924,6 +922,7 @@ export class WorkerFront implements TunnelHost {
     // Which of two lengths frames the body, or whether a transfer-encoding whose last coding is
     // not chunked frames it at all, is the request smuggler's question (RFC 9112 6.3): before
     // anything else, the connection is closed (framing.ts). uWS reads such a body as chunked.
+    // (`chunked` alone, nearly every chunked request, is told by one compare, without a split.)
     if (scan.lengthConflict || (scan.chunked && !isChunkedOnly(scan.codings) && !chunkedLast(scan.codings))) {
       this.dropFraming(res);
       return;
