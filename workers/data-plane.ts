@@ -35,6 +35,7 @@ try {
   front = new WorkerFront(init, {
     requestStats: (id) => send({ t: 'stats-request', id }),
     nodeUnreachable: (node) => send({ t: 'node-unreachable', node }),
+    nodeFailing: (node, failures, code) => send({ t: 'node-failing', node, failures, code }),
     leaderFailed: (node) => send({ t: 'leader-failed', node }),
   });
 } catch (err) {

@@ -16,6 +16,8 @@ import {
   DEFAULT_HEALTH_INTERVAL_MS,
   DEFAULT_HEALTH_TIMEOUT_MS,
   DEFAULT_UNREACHABLE_HOLD_MS,
+  DEFAULT_EJECT_MS,
+  DEFAULT_EJECT_MAX_PERCENT,
   DEFAULT_HOST,
   RPC_ROUTE,
   DEMO_KV_ROUTE,
@@ -48,6 +50,9 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'health-interval-ms', env: 'LAKEFRONT_HEALTH_INTERVAL_MS', value: 'ms', help: 'health-poll interval [1000]' },
   { flag: 'health-timeout-ms', env: 'LAKEFRONT_HEALTH_TIMEOUT_MS', value: 'ms', help: 'health-probe deadline [500]' },
   { flag: 'unreachable-hold-ms', env: 'LAKEFRONT_UNREACHABLE_HOLD_MS', value: 'ms', help: 'a node a request could not reach (connection refused, or not made in time) is out of every ranking this long, then until a health probe passes [3000]' },
+  { flag: 'eject-after', env: 'LAKEFRONT_EJECT_AFTER', value: 'n', help: 'passive health: a node this many attempts in a row failed at (no answer: a timeout, a reset, a refused connection), on one thread, is ejected from every ranking; 0: never [5]' },
+  { flag: 'eject-ms', env: 'LAKEFRONT_EJECT_MS', value: 'ms', help: 'an ejected node is out this long times its ejections in a row (at most 300000, or this), then until a health probe passes [30000]' },
+  { flag: 'eject-max-percent', env: 'LAKEFRONT_EJECT_MAX_PERCENT', value: 'p', help: "at most this share of a cluster's nodes out by ejection at once; one always may be, never the last routable one [10]" },
   { flag: 'request-timeout-ms', env: 'LAKEFRONT_REQUEST_TIMEOUT_MS', value: 'ms', help: 'an attempt slower than this fails [10000]' },
   { flag: 'max-body-bytes', env: 'LAKEFRONT_MAX_BODY_BYTES', value: 'n', help: 'largest request body accepted [1048576]' },
   { flag: 'upstream-client', env: 'LAKEFRONT_UPSTREAM_CLIENT', value: 'h1|undici', help: 'upstream HTTP client [h1]' },
@@ -271,6 +276,8 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     healthIntervalMs: int('health-interval-ms', DEFAULT_HEALTH_INTERVAL_MS, 10, 3_600_000),
     healthTimeoutMs: int('health-timeout-ms', DEFAULT_HEALTH_TIMEOUT_MS, 1, 60_000),
     unreachableHoldMs: int('unreachable-hold-ms', DEFAULT_UNREACHABLE_HOLD_MS, 0, 3_600_000),
+    ejectMs: int('eject-ms', DEFAULT_EJECT_MS, 1, 3_600_000),
+    ejectMaxPercent: int('eject-max-percent', DEFAULT_EJECT_MAX_PERCENT, 1, 100),
     settings: defaultSettings({
       hedgeMode: modeRaw ? oneOf(modeRaw[0], modeRaw[1], ['percentile', 'fixed', 'off'] as const) : undefined,
       hedgeDelayMs: opt('hedge-ms', 0, 600_000),
@@ -283,6 +290,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
       cancelGraceMs: opt('cancel-grace-ms', 0, 600_000),
       drainTimeoutMs: opt('drain-timeout-ms', 0, 3_600_000),
       forwardedFor: forwardedFor === 'append',
+      ejectAfter: opt('eject-after', 0, 1000),
     }),
   };
   return { kind: 'run', demo, config, configFile: configRaw ? configRaw[0] : null };

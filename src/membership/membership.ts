@@ -88,7 +88,28 @@ interface MemberState {
   capacity: number;
   /** performance.now() before which no probe may bring it back (`markUnhealthy`'s hold). */
   heldUntil: number;
+  /** performance.now() until which its last ejection (`eject`) holds it (0: never ejected). */
+  ejectedUntil: number;
+  /** Ejections in a row: each one's hold is the base times this many (see `eject`). */
+  streak: number;
+  /** Ejections since start, for /stats. */
+  ejections: number;
 }
+
+/** How `eject` decides (the CLI's `--eject-ms` and `--eject-max-percent`). */
+export interface EjectionPolicy {
+  /** The first ejection's hold; the n-th in a row holds n times as long. */
+  readonly baseMs: number;
+  /** No hold longer than this. */
+  readonly maxMs: number;
+  /** At most this share of the members out by ejection at once (at least one may always be). */
+  readonly maxPercent: number;
+}
+
+/** Why `eject` left a member in, or how long it holds it out. */
+export type EjectVerdict =
+  | { readonly ejected: true; readonly holdMs: number; readonly streak: number }
+  | { readonly ejected: false; readonly reason: string };
 
 export class Membership extends EventEmitter {
   readonly intervalMs: number;
@@ -109,7 +130,7 @@ export class Membership extends EventEmitter {
     this.fetchImpl = options.fetch ?? globalThis.fetch;
     // Members start healthy: a front door that has not probed yet should try, and failover
     // covers a node that turns out to be down.
-    this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: config.weight ?? 1, heldUntil: 0 }]));
+    this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: config.weight ?? 1, heldUntil: 0, ejectedUntil: 0, streak: 0, ejections: 0 }]));
     this.loop = new PollLoop(this.intervalMs, () =>
       this.probeOnce().catch((err: unknown) => {
         this.emit('error', err);
@@ -198,18 +219,60 @@ export class Membership extends EventEmitter {
     this.verdict(id, false);
   }
 
+  /**
+   * Passive health (Envoy's outlier ejection): requests keep failing on a member that may still
+   * pass its probe (one that hangs on requests, say), so it is taken out of every ranking for
+   * `baseMs` times its ejections in a row (at most `maxMs`), then until a probe passes. The
+   * streak starts again once a member has stayed in for `baseMs` since its last hold ended.
+   *
+   * Refused, changing nothing, while it would put more than `maxPercent`% of the members out by
+   * ejection at once (one always may be), or would leave no member routable: a request that waits
+   * for a failing node may still be answered; one with no node to go to cannot be.
+   */
+  eject(id: string, policy: EjectionPolicy): EjectVerdict {
+    const state = this.stateOf(id);
+    const now = performance.now();
+    if (state.ejectedUntil > now) return { ejected: false, reason: 'already ejected' };
+    if (!state.healthy) return { ejected: false, reason: 'already out of the ranking' };
+    let out = 0;
+    let routable = 0;
+    for (const other of this.states.values()) {
+      if (other.ejectedUntil > now) out++;
+      if (other !== state && other.healthy && quantiseWeight(other.capacity) > 0) routable++;
+    }
+    const allowed = Math.max(1, Math.floor((this.members.length * policy.maxPercent) / 100));
+    if (out >= allowed) return { ejected: false, reason: `${out} of ${this.members.length} members already out by ejection, and at most ${policy.maxPercent}% (at least one) may be at once` };
+    if (routable === 0) return { ejected: false, reason: 'it is the last routable member' };
+    state.streak = state.ejectedUntil > 0 && now - state.ejectedUntil < policy.baseMs ? state.streak + 1 : 1;
+    const holdMs = Math.min(policy.maxMs, policy.baseMs * state.streak);
+    state.ejectedUntil = now + holdMs;
+    state.ejections++;
+    this.markUnhealthy(id, holdMs);
+    return { ejected: true, holdMs, streak: state.streak };
+  }
+
+  /** Ejections of `id` since start, and whether one holds it out now. */
+  ejectionsOf(id: string): { readonly ejections: number; readonly ejected: boolean } {
+    const state = this.stateOf(id);
+    return { ejections: state.ejections, ejected: state.ejectedUntil > performance.now() };
+  }
+
   /** `performance.now()` before which no probe may bring `id` back (0 or past: no hold). */
   heldUntil(id: string): number {
     return this.stateOf(id).heldUntil;
   }
 
   /**
-   * Marks a member unhealthy until at least `until` (`performance.now()`): how a reload's new
-   * membership takes over its predecessor's holds. A time already past changes nothing.
+   * Takes over what `from` (a reload's predecessor) knows of member `id`: its hold, which keeps
+   * it out until then (a time already past changes nothing), and its ejections.
    */
-  holdUntil(id: string, until: number): void {
-    this.stateOf(id);
-    const left = until - performance.now();
+  adopt(id: string, from: Membership): void {
+    const state = this.stateOf(id);
+    const before = from.stateOf(id);
+    state.ejectedUntil = before.ejectedUntil;
+    state.streak = before.streak;
+    state.ejections = before.ejections;
+    const left = before.heldUntil - performance.now();
     if (left > 0) this.markUnhealthy(id, left);
   }
 

@@ -37,6 +37,10 @@ export interface RouteOptions {
   readonly drainTimeoutMs?: number;
   /** How long a node a request could not reach stays out of every ranking. Default 3,000. */
   readonly unreachableHoldMs?: number;
+  /** Passive health: failed attempts in a row at a node, on one thread, that eject it (0: never). Default 5. */
+  readonly ejectAfter?: number;
+  /** An ejected node's first hold (then twice, three times ... in a row, up to 300,000). Default 30,000. */
+  readonly ejectMs?: number;
 }
 
 export interface RouterServer {
@@ -74,6 +78,9 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
   const drain = bounded('drainTimeoutMs', options.drainTimeoutMs, 0, 3_600_000, 'milliseconds');
   const budget = bounded('hedgeBudgetPercent', options.hedgeBudgetPercent, 0, 100, 'a percentage');
   const unreachableHoldMs = bounded('unreachableHoldMs', options.unreachableHoldMs, 0, 3_600_000, 'milliseconds');
+  const ejectAfter = bounded('ejectAfter', options.ejectAfter, 0, 1000, 'failed attempts in a row');
+  if (ejectAfter !== undefined && !Number.isInteger(ejectAfter)) throw new ConfigError(`ejectAfter: bad value ${ejectAfter} (a whole number)`);
+  const ejectMs = bounded('ejectMs', options.ejectMs, 1, 3_600_000, 'milliseconds');
   const door = await FrontDoor.start({
     host,
     port,
@@ -83,7 +90,9 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
     healthIntervalMs: healthIntervalMs ?? DEFAULT_HEALTH_INTERVAL_MS,
     healthTimeoutMs: DEFAULT_HEALTH_TIMEOUT_MS,
     ...(unreachableHoldMs !== undefined ? { unreachableHoldMs } : {}),
+    ...(ejectMs !== undefined ? { ejectMs } : {}),
     settings: defaultSettings({
+      ...(ejectAfter !== undefined ? { ejectAfter } : {}),
       ...(hedgeDelayMs !== undefined ? { hedgeDelayMs } : {}),
       ...(budget !== undefined ? { hedgeBudgetPercent: budget } : {}),
       ...(requestTimeoutMs !== undefined ? { requestTimeoutMs } : {}),

@@ -79,6 +79,16 @@ export interface ReplicationContext {
   refresh(): void;
 }
 
+/** What a runtime tells the control plane about its nodes (the worker posts each on). */
+export interface NodeReports {
+  /** An attempt could not reach the node (at most one report a node per 500 ms). */
+  nodeUnreachable(globalNode: number): void;
+  /** `failures` attempts in a row at the node failed, the last with `code` (`ejectAfter`). */
+  nodeFailing(globalNode: number, failures: number, code: string): void;
+  /** A write pinned to the published leader could not be sent to it. */
+  leaderFailed(globalNode: number): void;
+}
+
 /** Minimum gap between two passive "unreachable" reports for one node. */
 const UNREACHABLE_REPORT_GAP_MS = 500;
 
@@ -103,6 +113,21 @@ const UNREACHABLE_CODES: ReadonlySet<string> = new Set([
   'UND_ERR_CONNECT_TIMEOUT',
 ]);
 
+/**
+ * Attempt failures that are not the node's: the front door closing its own connections (a stop,
+ * a reload), or a response over the front door's own size limit. Every other error (a timeout, a
+ * reset, a refused connection, a malformed response) counts toward ejection (`ejectAfter`).
+ */
+const NOT_THE_NODE: ReadonlySet<string> = new Set([
+  H1Codes.POOL_CLOSED,
+  H1Codes.TOO_LARGE,
+  H1Codes.CANCELLED,
+  'UND_ERR_ABORTED',
+  'UND_ERR_DESTROYED',
+  'UND_ERR_CLOSED',
+  'UND_ERR_RES_EXCEEDED_MAX_SIZE',
+]);
+
 export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaHost {
   readonly name: string;
   readonly ids: readonly string[];
@@ -122,6 +147,9 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   private observers: Policy[] = [];
   private readonly policySettings: PolicySettings;
   private readonly lastUnreachableAt: Float64Array;
+  /** Attempts in a row per node that ended with no answer (`ejectAfter`). */
+  private readonly failuresInRow: Int32Array;
+  private readonly ejectAfter: number;
   /** Region index per node; nodes without a region share one. */
   readonly regionOf: Int32Array;
   /** Region names by index ('' for the nodes without one). */
@@ -140,9 +168,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     private readonly settings: DataPlaneSettings,
     private readonly slot: CounterSlot,
     private readonly histograms: NodeHistograms,
-    private readonly onUnreachable: (globalNode: number) => void,
+    private readonly reports: NodeReports,
     agent: H1Agent,
-    private readonly onLeaderFailed: (globalNode: number) => void = () => undefined,
     private readonly replication: ReplicationContext | null = null,
   ) {
     this.name = spec.name;
@@ -158,6 +185,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     this.transports = spec.nodes.map((g) => createTransport(settings.upstreamClient, nodes[g]!.url, transportOptions, this, agent));
     this.windows = spec.nodes.map(() => new SampleWindow());
     this.lastUnreachableAt = new Float64Array(spec.nodes.length);
+    this.failuresInRow = new Int32Array(spec.nodes.length);
+    this.ejectAfter = settings.ejectAfter ?? 0;
     this.hedgeBudget = new HedgeBudget(settings.hedgeBudgetPercent);
     this.view = {
       ids: this.ids,
@@ -336,12 +365,22 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
         // The published leader cannot be reached: stop pinning writes to it here, now, and
         // tell the control plane, which clears it until a probe finds the leader again.
         for (const policy of this.policies.values()) policy.leaderUnreachable?.(node);
-        this.onLeaderFailed(g);
+        this.reports.leaderFailed(g);
+      }
+      // An answer (a 502, 503 or 504, as a status): the node is there.
+      if (typeof error === 'number') {
+        this.failuresInRow[node] = 0;
+        return;
       }
       const code = (error as { code?: unknown } | null)?.code;
       if (typeof code === 'string') this.failedWith(node, code);
+      if (this.ejectAfter > 0 && !NOT_THE_NODE.has(code as string) && ++this.failuresInRow[node]! % this.ejectAfter === 0) {
+        this.reports.nodeFailing(g, this.failuresInRow[node]!, typeof code === 'string' ? code : 'an error');
+      }
       return;
     }
+    // An answer (a cancelled attempt, `error` CANCELLED, says nothing either way).
+    if (error === null) this.failuresInRow[node] = 0;
     if (latencyMs >= 0) {
       this.windows[node]!.record(latencyMs);
       this.histograms.record(g, latencyMs * 1000);
@@ -357,7 +396,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     const now = performance.now();
     if (now - this.lastUnreachableAt[node]! < UNREACHABLE_REPORT_GAP_MS) return;
     this.lastUnreachableAt[node] = now;
-    this.onUnreachable(this.globalIndex[node]!);
+    this.reports.nodeUnreachable(this.globalIndex[node]!);
   }
 
   /** Closes every node's connections: after running requests (graceful), or at once. */

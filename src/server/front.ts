@@ -433,6 +433,8 @@ export interface FrontHooks {
   requestStats(id: number): void;
   /** An attempt found the node unreachable (at most one report a node per 500 ms, per thread). */
   nodeUnreachable(globalNode: number): void;
+  /** `--eject-after` attempts in a row at the node failed on this thread, the last with `code`. */
+  nodeFailing(globalNode: number, failures: number, code: string): void;
   leaderFailed(globalNode: number): void;
 }
 
@@ -497,9 +499,8 @@ export class WorkerFront implements TunnelHost {
           init.settings,
           this.slot,
           this.histograms,
-          (g) => hooks.nodeUnreachable(g),
+          hooks,
           this.agent,
-          (g) => hooks.leaderFailed(g),
           replication,
         ),
     );

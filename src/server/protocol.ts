@@ -115,6 +115,12 @@ export interface DataPlaneSettings {
    * (the client's own such headers pass through untouched).
    */
   readonly forwardedFor?: boolean;
+  /**
+   * Passive health: this many attempts in a row at a node fail (no answer: a timeout, a reset, a
+   * refused connection, a malformed response), on one worker, and the control plane is asked to
+   * eject it (Membership.eject). 0: never. Default 5.
+   */
+  readonly ejectAfter?: number;
 }
 
 export interface WorkerInit {
@@ -162,6 +168,8 @@ export type WorkerMessage =
   | { readonly t: 'histograms'; readonly id: number; readonly encoded: (string | null)[] }
   /** An attempt could not reach the node (connection refused, or not made in time). */
   | { readonly t: 'node-unreachable'; readonly node: number }
+  /** Passive health: `failures` attempts in a row at the node failed, the last with `code`. */
+  | { readonly t: 'node-failing'; readonly node: number; readonly failures: number; readonly code: string }
   /** A write pinned to the cluster's published leader could not connect to it. */
   | { readonly t: 'leader-failed'; readonly node: number }
   | { readonly t: 'drained'; readonly abandoned: number; readonly hints: readonly SavedHint[] };

@@ -14,6 +14,15 @@ export const DEFAULT_DRAIN_TIMEOUT_MS = 10_000;
 export const DEFAULT_CANCEL_GRACE_MS = 250;
 /** Seed 004: an unreachable node is marked failed for three seconds. */
 export const DEFAULT_UNREACHABLE_HOLD_MS = 3_000;
+/**
+ * Passive health (Membership.eject): five failed attempts in a row at a node, on one worker,
+ * eject it for 30 s, then 60, 90, ... up to five minutes while it keeps failing; at most one node
+ * in ten out by ejection at once, and always one (Envoy's outlier detection defaults).
+ */
+export const DEFAULT_EJECT_AFTER = 5;
+export const DEFAULT_EJECT_MS = 30_000;
+export const MAX_EJECT_MS = 300_000;
+export const DEFAULT_EJECT_MAX_PERCENT = 10;
 export const DEFAULT_CLUSTER = 'default';
 
 export function defaultThreads(): number {
@@ -33,6 +42,7 @@ export function defaultSettings(overrides: Partial<DataPlaneSettings> = {}): Dat
     cancelGraceMs: overrides.cancelGraceMs ?? DEFAULT_CANCEL_GRACE_MS,
     drainTimeoutMs: overrides.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS,
     forwardedFor: overrides.forwardedFor ?? false,
+    ejectAfter: overrides.ejectAfter ?? DEFAULT_EJECT_AFTER,
   };
 }
 

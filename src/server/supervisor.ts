@@ -12,10 +12,11 @@ import { Buffer } from 'node:buffer';
 import { accessSync, closeSync, constants, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { createServer } from 'node:net';
+import { performance } from 'node:perf_hooks';
 import { Worker } from 'node:worker_threads';
 import { ConfigError, jsonProblem } from '../errors.js';
 import { openAccessLog } from './access-log.js';
-import { Membership, type MemberConfig } from '../membership/membership.js';
+import { Membership, type EjectionPolicy, type EjectVerdict, type MemberConfig } from '../membership/membership.js';
 import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, TableWriter, type NodeRow } from '../membership/table.js';
 import { C_HINTS_EXPIRED, C_HINTS_LOST, CounterSlot, addTotals, counterBytes, endedTotals, readTotals, totalsById, type TotalsById } from '../metrics/counters.js';
 import { mergeSummaries } from '../metrics/histograms.js';
@@ -24,7 +25,7 @@ import { EtcdLeaderProbe } from '../membership/leader.js';
 import { quorumProblem, type QuorumSettings } from '../replication/quorum.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, SavedHint, WorkerInit, WorkerMessage } from './protocol.js';
 import { OWN_PATHS } from './protocol.js';
-import { DEFAULT_UNREACHABLE_HOLD_MS } from './settings.js';
+import { DEFAULT_EJECT_MAX_PERCENT, DEFAULT_EJECT_MS, DEFAULT_UNREACHABLE_HOLD_MS, MAX_EJECT_MS } from './settings.js';
 
 export interface ClusterConfig {
   readonly name: string;
@@ -51,6 +52,12 @@ export interface RouteConfig {
 
 export const DEFAULT_POLICY_SETTINGS: PolicySettings = { ewmaAlpha: 0.3, temperatureMs: 1, rho: 2, probeShare: 0.005 };
 
+/**
+ * FrontDoor's `ejection` event: a worker reported `failures` attempts in a row at a node failed,
+ * and the verdict (Membership.eject): ejected for `holdMs`, or kept in for `reason`.
+ */
+export type EjectionEvent = { readonly cluster: string; readonly node: string; readonly failures: number; readonly code: string } & EjectVerdict;
+
 export interface FrontDoorConfig {
   readonly host: string;
   readonly port: number;
@@ -65,6 +72,14 @@ export interface FrontDoorConfig {
    * (seed 004: "marks an unreachable follower as failed for three seconds").
    */
   readonly unreachableHoldMs?: number;
+  /**
+   * Passive health: a node ejected after `settings.ejectAfter` failed attempts in a row is out
+   * of every ranking this long, times its ejections in a row (at most five minutes, or this if
+   * longer), then until a probe passes. Default 30,000.
+   */
+  readonly ejectMs?: number;
+  /** At most this share of a cluster's nodes out by ejection at once (one always may be). Default 10. */
+  readonly ejectMaxPercent?: number;
   readonly settings: DataPlaneSettings;
   readonly fetch?: typeof globalThis.fetch;
   /** The front door's own region (`local_quorum` on replicated routes). */
@@ -160,6 +175,10 @@ export class FrontDoor extends EventEmitter {
   /** The drain into the successor is over: hints coming later go straight to it. */
   private handedOver = false;
   private readonly mainSlot: CounterSlot;
+  /** Passive health's terms (`ejectMs`, `ejectMaxPercent`). */
+  private readonly ejection: EjectionPolicy;
+  /** When each node's last "kept in" line was written (one a node per `ejectMs`). */
+  private readonly keptInSaidAt = new Map<number, number>();
 
   private constructor(config: FrontDoorConfig) {
     super();
@@ -167,6 +186,16 @@ export class FrontDoor extends EventEmitter {
     if (hold !== undefined && !(typeof hold === 'number' && hold >= 0 && hold <= 3_600_000)) {
       throw new ConfigError(`unreachableHoldMs: bad value ${String(hold)} (milliseconds, 0-3600000)`);
     }
+    const { ejectMs = DEFAULT_EJECT_MS, ejectMaxPercent = DEFAULT_EJECT_MAX_PERCENT } = config;
+    const ejectAfter = config.settings.ejectAfter;
+    if (ejectAfter !== undefined && !(Number.isInteger(ejectAfter) && ejectAfter >= 0 && ejectAfter <= 1000)) {
+      throw new ConfigError(`ejectAfter: bad value ${String(ejectAfter)} (failed attempts in a row, 0-1000; 0: never eject)`);
+    }
+    if (!(typeof ejectMs === 'number' && ejectMs >= 1 && ejectMs <= 3_600_000)) throw new ConfigError(`ejectMs: bad value ${String(ejectMs)} (milliseconds, 1-3600000)`);
+    if (!(typeof ejectMaxPercent === 'number' && ejectMaxPercent >= 1 && ejectMaxPercent <= 100)) {
+      throw new ConfigError(`ejectMaxPercent: bad value ${String(ejectMaxPercent)} (a percentage, 1-100)`);
+    }
+    this.ejection = { baseMs: ejectMs, maxMs: Math.max(MAX_EJECT_MS, ejectMs), maxPercent: ejectMaxPercent };
     this.config = config;
     this.host = config.host;
     this.threads = config.threads;
@@ -489,7 +518,8 @@ export class FrontDoor extends EventEmitter {
     const latency = mergeSummaries(encoded, this.nodes.length);
     const nodes: Record<string, unknown> = {};
     this.nodes.forEach((node, i) => {
-      nodes[node.id] = { cluster: this.clusters[node.cluster]!.name, ...totals.nodes.get(node.id), latencyUs: latency[i] };
+      const { ejections, ejected } = this.memberships[node.cluster]!.ejectionsOf(node.id);
+      nodes[node.id] = { cluster: this.clusters[node.cluster]!.name, ...totals.nodes.get(node.id), ejections, ejected, latencyUs: latency[i] };
     });
     return {
       requests: totals.requests,
@@ -715,7 +745,7 @@ export class FrontDoor extends EventEmitter {
       const old = predecessor.memberships[before]!;
       const known = new Set(old.all().map((m) => m.id));
       for (const member of this.memberships[i]!.all()) {
-        if (known.has(member.id)) this.memberships[i]!.holdUntil(member.id, old.heldUntil(member.id));
+        if (known.has(member.id)) this.memberships[i]!.adopt(member.id, old);
       }
     });
   }
@@ -870,6 +900,9 @@ export class FrontDoor extends EventEmitter {
         if (node) this.memberships[node.cluster]!.markUnhealthy(node.id, this.config.unreachableHoldMs ?? DEFAULT_UNREACHABLE_HOLD_MS);
         break;
       }
+      case 'node-failing':
+        this.nodeFailing(message.node, message.failures, message.code);
+        break;
       case 'leader-failed': {
         const node = this.nodes[message.node];
         const probe = node ? this.leaderProbes[node.cluster] : null;
@@ -879,6 +912,30 @@ export class FrontDoor extends EventEmitter {
       default:
         break;
     }
+  }
+
+  /**
+   * A worker saw `failures` attempts in a row at node `g` fail: eject it (Membership.eject), and
+   * say so on stderr, or why it stays in (at most one such line a node per `ejectMs`).
+   */
+  private nodeFailing(g: number, failures: number, code: string): void {
+    const node = this.nodes[g];
+    if (!node) return;
+    const cluster = this.clusters[node.cluster]!.name;
+    const verdict = this.memberships[node.cluster]!.eject(node.id, this.ejection);
+    this.emit('ejection', { cluster, node: node.id, failures, code, ...verdict } satisfies EjectionEvent);
+    const what = `lakefront: node "${node.id}" (cluster "${cluster}")`;
+    const why = `${failures} attempts at it in a row failed on one thread, the last with ${code}`;
+    if (verdict.ejected) {
+      const streak = verdict.streak > 1 ? ` (ejection ${verdict.streak} in a row)` : '';
+      process.stderr.write(`${what} ejected for ${verdict.holdMs / 1000} s${streak}, then until a health probe passes: ${why}\n`);
+      return;
+    }
+    if (verdict.reason === 'already ejected' || verdict.reason === 'already out of the ranking') return;
+    const now = performance.now();
+    if (now - (this.keptInSaidAt.get(g) ?? -Infinity) < this.ejection.baseMs) return;
+    this.keptInSaidAt.set(g, now);
+    process.stderr.write(`${what} kept in though ${why}: ${verdict.reason}\n`);
   }
 
   /** Gathers every live worker's encoded histograms (or what arrived within the timeout). */

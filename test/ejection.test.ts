@@ -1,0 +1,216 @@
+/**
+ * Passive health (outlier ejection): a node that passes its health probe but fails the requests
+ * sent to it (hangs, resets) is ejected from every ranking after `ejectAfter` failed attempts in
+ * a row, within the caps, and stays out through probes and reloads for its hold.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { performance } from 'node:perf_hooks';
+import { setTimeout as delay } from 'node:timers/promises';
+import { after, afterEach, before, beforeEach, describe, it } from 'node:test';
+import { parseCommand } from '../src/config/config.js';
+import { Membership } from '../src/membership/membership.js';
+import { route } from '../src/router/index.js';
+import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
+import { FrontDoor, type EjectionEvent, type FrontDoorConfig } from '../src/server/supervisor.js';
+import { startNodes, type FakeNode } from './fixtures/fake-node.js';
+import { call, ranking, rpc } from './fixtures/http.js';
+
+const EJECT_AFTER = 3;
+
+describe('ejecting a node that passes its probe but fails its requests', () => {
+  let nodes: FakeNode[];
+  let door: FrontDoor;
+  let config: FrontDoorConfig;
+  before(async () => {
+    nodes = await startNodes('ej-a', 'ej-b', 'ej-c');
+  });
+  beforeEach(async () => {
+    for (const n of nodes) n.behaviour = { kind: 'answer' };
+    config = {
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [RPC_ROUTE],
+      // Probes run when the test says (probeOnce).
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      ejectMs: 60_000,
+      settings: defaultSettings({ requestTimeoutMs: 150, hedgeMode: 'off', ejectAfter: EJECT_AFTER }),
+    };
+    door = await FrontDoor.start(config);
+  });
+  afterEach(async () => {
+    await door.stop();
+  });
+  after(async () => {
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  /** A board whose native node is `node`. */
+  async function boardOf(node: FakeNode): Promise<string> {
+    for (let i = 0; ; i++) if ((await ranking(door.url, `ej-board-${i}`))[0] === node.id) return `ej-board-${i}`;
+  }
+  const write = (board: string) => rpc(door.url, 'board.append', board);
+  const stats = async () => (await call(`${door.url}/stats`)).json<{ healthy: string[]; nodes: Record<string, { ejections: number; ejected: boolean }> }>();
+
+  it('ejects it after that many failed attempts in a row, its boards go to the next node, and a passing probe or a reload does not bring it back', async () => {
+    const [hanging] = nodes as [FakeNode];
+    hanging.behaviour = { kind: 'hang' };
+    const board = await boardOf(hanging);
+    const verdict = once(door, 'ejection') as Promise<[EjectionEvent]>;
+    for (let i = 0; i < EJECT_AFTER; i++) {
+      // A bare write: one attempt, on its node, and the caller told its outcome is unknown (502).
+      assert.equal((await write(board)).status, 502);
+    }
+    const [event] = await verdict;
+    assert.equal(event.node, hanging.id);
+    assert.equal(event.failures, EJECT_AFTER);
+    assert.equal(event.code, 'LF_ERR_UPSTREAM_TIMEOUT');
+    assert.ok(event.ejected && event.holdMs === 60_000, JSON.stringify(event));
+    const hits = hanging.hits();
+    assert.equal(hits, EJECT_AFTER);
+
+    const moved = await write(board);
+    assert.equal(moved.status, 200, 'the board went to its next node');
+    assert.equal(moved.headers['x-lakefront-served-by'], (await ranking(door.url, board))[0]);
+    assert.notEqual(moved.headers['x-lakefront-served-by'], hanging.id);
+    assert.equal(hanging.hits(), hits, 'not tried again');
+    let seen = await stats();
+    assert.ok(!seen.healthy.includes(hanging.id));
+    assert.deepEqual(seen.nodes[hanging.id], { ...seen.nodes[hanging.id], ejections: 1, ejected: true });
+
+    // Its probe passes (it answers /health): still out.
+    await door.memberships[0]!.probeOnce();
+    assert.ok(!(await stats()).healthy.includes(hanging.id), 'a passing probe does not end the hold');
+    // A reload's new membership keeps the ejection, and its count.
+    const old = door;
+    door = await door.reload(config);
+    await old.drained;
+    seen = await stats();
+    assert.ok(!seen.healthy.includes(hanging.id), 'still out after a reload');
+    assert.equal(seen.nodes[hanging.id]!.ejections, 1);
+    assert.equal((await write(board)).headers['x-lakefront-served-by'], moved.headers['x-lakefront-served-by']);
+  });
+
+  it('counts only failures in a row: an answer between them starts the count again', async () => {
+    const [flaky] = nodes as [FakeNode];
+    const board = await boardOf(flaky);
+    let ejections = 0;
+    door.on('ejection', () => ejections++);
+    for (let round = 0; round < 3; round++) {
+      flaky.behaviour = { kind: 'hang' };
+      for (let i = 0; i < EJECT_AFTER - 1; i++) assert.equal((await write(board)).status, 502);
+      flaky.behaviour = { kind: 'answer' };
+      const answered = await write(board);
+      assert.equal(answered.status, 200);
+      assert.equal(answered.headers['x-lakefront-served-by'], flaky.id);
+    }
+    // Nine failures in all, never three in a row: the node was never reported, and is in.
+    assert.equal(ejections, 0);
+    const seen = await stats();
+    assert.ok(seen.healthy.includes(flaky.id));
+    assert.equal(seen.nodes[flaky.id]!.ejections, 0);
+  });
+
+  it('an answer that is a 502, 503 or 504 is an answer: it ejects nothing', async () => {
+    const [failing] = nodes as [FakeNode];
+    failing.behaviour = { kind: 'answer', status: 503 };
+    const board = await boardOf(failing);
+    let reports = 0;
+    door.on('ejection', () => reports++);
+    for (let i = 0; i < EJECT_AFTER * 2; i++) assert.equal((await write(board)).status, 503);
+    assert.equal(reports, 0);
+    assert.ok((await stats()).healthy.includes(failing.id));
+  });
+
+  it('ejects at most one node in ten at once (and always one): a second failing node stays in, and says why', async () => {
+    const [first, second] = nodes as [FakeNode, FakeNode];
+    first.behaviour = { kind: 'hang' };
+    second.behaviour = { kind: 'reset' };
+    const firstBoard = await boardOf(first);
+    const secondBoard = await boardOf(second);
+    const ejected = once(door, 'ejection') as Promise<[EjectionEvent]>;
+    for (let i = 0; i < EJECT_AFTER; i++) assert.equal((await write(firstBoard)).status, 502);
+    assert.equal((await ejected)[0].ejected, true);
+    const kept = once(door, 'ejection') as Promise<[EjectionEvent]>;
+    for (let i = 0; i < EJECT_AFTER; i++) assert.equal((await write(secondBoard)).status, 502);
+    const [event] = await kept;
+    assert.equal(event.node, second.id);
+    assert.equal(event.code, 'LF_ERR_UPSTREAM_CLOSED');
+    assert.deepEqual(event.ejected ? null : event.reason, '1 of 3 members already out by ejection, and at most 10% (at least one) may be at once');
+    const seen = await stats();
+    assert.ok(seen.healthy.includes(second.id), 'kept in');
+    assert.ok(!seen.healthy.includes(first.id));
+  });
+});
+
+describe('Membership.eject', () => {
+  const members = (n: number) => Array.from({ length: n }, (_, i) => ({ id: `m${i}`, url: `http://127.0.0.1:${10_000 + i}` }));
+  const policy = { baseMs: 60_000, maxMs: 300_000, maxPercent: 10 };
+
+  it('allows maxPercent of the members out by ejection at once, and always one', () => {
+    const twenty = new Membership({ members: members(20) });
+    assert.equal(twenty.eject('m0', policy).ejected, true);
+    assert.equal(twenty.eject('m1', policy).ejected, true);
+    const third = twenty.eject('m2', policy);
+    assert.deepEqual(third, { ejected: false, reason: '2 of 20 members already out by ejection, and at most 10% (at least one) may be at once' });
+    assert.equal(twenty.isHealthy('m2'), true, 'a refusal changes nothing');
+    assert.deepEqual(twenty.eject('m0', policy), { ejected: false, reason: 'already ejected' });
+    const half = new Membership({ members: members(4) });
+    assert.equal(half.eject('m0', { ...policy, maxPercent: 50 }).ejected, true);
+    assert.equal(half.eject('m1', { ...policy, maxPercent: 50 }).ejected, true);
+    assert.equal(half.eject('m2', { ...policy, maxPercent: 50 }).ejected, false);
+  });
+
+  it('never ejects the last routable member', () => {
+    const two = new Membership({ members: [...members(2), { id: 'drained', url: 'http://127.0.0.1:9999', weight: 0 }] });
+    two.markUnhealthy('m1');
+    assert.deepEqual(two.eject('m0', { ...policy, maxPercent: 100 }), { ejected: false, reason: 'it is the last routable member' });
+    assert.equal(two.isHealthy('m0'), true);
+  });
+
+  it('holds a member ejected again soon after its hold longer each time, up to maxMs, and starts again once it stayed in', async () => {
+    const short = { baseMs: 200, maxMs: 500, maxPercent: 100 };
+    // Every probe passes: a member is back as soon as its hold has passed and it is probed.
+    const m = new Membership({ members: members(3), fetch: async () => new Response('{}') });
+    const holds: number[] = [];
+    for (let i = 0; i < 4; i++) {
+      const verdict = m.eject('m0', short);
+      assert.ok(verdict.ejected);
+      holds.push(verdict.holdMs);
+      // Back (its hold passed, a probe passed), and failing again at once.
+      await delay(Math.max(0, m.heldUntil('m0') - performance.now()) + 1);
+      await m.probeOnce();
+      assert.equal(m.isHealthy('m0'), true);
+    }
+    assert.deepEqual(holds, [200, 400, 500, 500]);
+    // In for a whole base period: the streak starts again.
+    await delay(short.baseMs + 5);
+    const fresh = m.eject('m0', short);
+    assert.ok(fresh.ejected && fresh.holdMs === 200 && fresh.streak === 1, JSON.stringify(fresh));
+    assert.equal(m.ejectionsOf('m0').ejections, 5);
+  });
+});
+
+describe('ejection settings', () => {
+  it('refuses bad values, naming them', async () => {
+    const nodes = ['--nodes', 'a=http://127.0.0.1:1'];
+    for (const [args, pattern] of [
+      [['--eject-after', '1001'], /--eject-after: 1001 is out of range 0\.\.1000/],
+      [['--eject-after', '2.5'], /--eject-after: not a whole number: "2\.5"/],
+      [['--eject-ms', '0'], /--eject-ms: 0 is out of range 1\.\.3600000/],
+      [['--eject-max-percent', '0'], /--eject-max-percent: 0 is out of range 1\.\.100/],
+    ] as const) {
+      assert.throws(() => parseCommand([...args, ...nodes], {}), pattern);
+    }
+    const parsed = parseCommand(['--eject-after', '0', '--eject-ms', '5000', ...nodes], { LAKEFRONT_EJECT_MAX_PERCENT: '50' });
+    assert.ok(parsed.kind === 'run');
+    assert.equal(parsed.config.settings.ejectAfter, 0);
+    assert.equal(parsed.config.ejectMs, 5000);
+    assert.equal(parsed.config.ejectMaxPercent, 50);
+    await assert.rejects(route({ nodes: [{ id: 'a', url: 'http://127.0.0.1:1' }], ejectAfter: 1.5 }), /^ConfigError: ejectAfter: bad value 1\.5 \(a whole number\)$/);
+    await assert.rejects(route({ nodes: [{ id: 'a', url: 'http://127.0.0.1:1' }], ejectMs: 0 }), /ejectMs: bad value 0 \(milliseconds, 1-3600000\)/);
+  });
+});
