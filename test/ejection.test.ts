@@ -4,17 +4,21 @@
  * a row, within the caps, and stays out through probes and reloads for its hold.
  */
 import assert from 'node:assert/strict';
+import { Buffer } from 'node:buffer';
 import { once } from 'node:events';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as delay } from 'node:timers/promises';
 import { after, afterEach, before, beforeEach, describe, it } from 'node:test';
 import { parseCommand } from '../src/config/config.js';
 import { Membership } from '../src/membership/membership.js';
+import { nodeFailure } from '../src/server/cluster-runtime.js';
 import { route } from '../src/router/index.js';
 import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
 import { FrontDoor, type EjectionEvent, type FrontDoorConfig } from '../src/server/supervisor.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
-import { call, ranking, rpc } from './fixtures/http.js';
+import { call, ranking, rawExchange, rpc } from './fixtures/http.js';
 
 const EJECT_AFTER = 3;
 
@@ -143,6 +147,148 @@ describe('ejecting a node that passes its probe but fails its requests', () => {
     const seen = await stats();
     assert.ok(seen.healthy.includes(second.id), 'kept in');
     assert.ok(!seen.healthy.includes(first.id));
+  });
+});
+
+describe('what counts toward ejection, and what does not', () => {
+  let nodes: FakeNode[];
+  let door: FrontDoor | null = null;
+  before(async () => {
+    nodes = await startNodes('ejw-a', 'ejw-b', 'ejw-c');
+  });
+  afterEach(async () => {
+    await door?.stop();
+    door = null;
+    for (const n of nodes) n.behaviour = { kind: 'answer' };
+  });
+  after(async () => {
+    await Promise.all(nodes.map((n) => n.stop()));
+  });
+
+  async function start(settings: Partial<FrontDoorConfig['settings']>): Promise<FrontDoor> {
+    door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [RPC_ROUTE],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      ejectMs: 60_000,
+      settings: defaultSettings({ ejectAfter: EJECT_AFTER, ...settings }),
+    });
+    return door;
+  }
+  async function boardOf(front: FrontDoor, node: FakeNode): Promise<string> {
+    for (let i = 0; ; i++) if ((await ranking(front.url, `ejw-${i}`))[0] === node.id) return `ejw-${i}`;
+  }
+  const ejections = async (front: FrontDoor, id: string) => (await call(`${front.url}/stats`)).json<{ nodes: Record<string, { ejections: number }> }>().nodes[id]!.ejections;
+
+  it("a hedged read's loser cut off unanswered counts: hedging does not hide a node that hangs", async () => {
+    // Every read hedges (at 30 ms, before any sample) and its hedge wins; the loser is cut off
+    // 20 ms later. Without counting those, the node would never be ejected.
+    const front = await start({ hedgeDelayMs: 30, hedgeBudgetPercent: 100, cancelGraceMs: 20, requestTimeoutMs: 10_000 });
+    const [hanging] = nodes as [FakeNode];
+    hanging.behaviour = { kind: 'hang' };
+    const board = await boardOf(front, hanging);
+    const verdict = once(front, 'ejection') as Promise<[EjectionEvent]>;
+    for (let i = 0; i < EJECT_AFTER; i++) {
+      const reply = await rpc(front.url, 'query.execute', board);
+      assert.equal(reply.status, 200);
+      assert.notEqual(reply.headers['x-lakefront-served-by'], hanging.id);
+    }
+    const [event] = await verdict;
+    assert.equal(event.node, hanging.id);
+    assert.equal(event.code, 'LF_ERR_ATTEMPT_CUT_OFF');
+    assert.equal(event.ejected, true);
+  });
+
+  it('a request the undici client refuses to send is not the node\'s failure', async () => {
+    const front = await start({ upstreamClient: 'undici', requestTimeoutMs: 300, hedgeMode: 'off' });
+    const [target] = nodes as [FakeNode];
+    const board = await boardOf(front, target);
+    // A path byte over 0x7f: uWS takes it, undici refuses it (UND_ERR_INVALID_ARG) on every node.
+    const raw = (path: string) =>
+      rawExchange(front.url, Buffer.concat([Buffer.from('POST '), Buffer.from(path, 'utf8'), Buffer.from(` HTTP/1.1\r\nhost: x\r\nx-lakefront-board: ${board}\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}`)]));
+    const hits = nodes.map((n) => n.hits());
+    for (let i = 0; i < EJECT_AFTER * 2; i++) assert.match(await raw('/rpc/query.execute?q=\u4e2d'), /^HTTP\/1\.1 502/);
+    assert.deepEqual(nodes.map((n) => n.hits()), hits, 'nothing reached a node');
+    for (const n of nodes) assert.equal(await ejections(front, n.id), 0);
+  });
+});
+
+describe('nodeFailure: which attempt errors are the node\'s', () => {
+  const error = (code: string, unsent = false) => Object.assign(new Error(code), { code, unsent });
+  it('counts no answer in time, resets, refused or unmade connections and bytes that are not HTTP', () => {
+    for (const code of ['LF_ERR_UPSTREAM_TIMEOUT', 'LF_ERR_UPSTREAM_CLOSED', 'ECONNREFUSED', 'LF_ERR_UPSTREAM_CONNECT_TIMEOUT', 'LF_ERR_UPSTREAM_BAD_RESPONSE', 'ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT', 'HPE_INVALID_CONSTANT']) {
+      assert.equal(nodeFailure(error(code)), code);
+    }
+    assert.equal(nodeFailure(error('ECONNREFUSED', true)), 'ECONNREFUSED', 'refused: never sent, and the node\'s all the same');
+  });
+  it("counts none of the front door's own: queued past the timeout behind its own connection limit, its pool closing, its size limit, a request undici would not send", () => {
+    assert.equal(nodeFailure(error('LF_ERR_UPSTREAM_TIMEOUT', true)), null);
+    for (const code of ['LF_ERR_POOL_CLOSED', 'LF_ERR_UPSTREAM_RESPONSE_TOO_LARGE', 'LF_ERR_ATTEMPT_CANCELLED', 'UND_ERR_INVALID_ARG', 'UND_ERR_ABORTED', 'UND_ERR_DESTROYED', 'UND_ERR_CLOSED']) {
+      assert.equal(nodeFailure(error(code)), null, code);
+    }
+    assert.equal(nodeFailure(new Error('no code')), null);
+    assert.equal(nodeFailure(null), null);
+  });
+});
+
+describe('ejection and a leader-pinned route (etcd)', () => {
+  const members = ['ejl-1', 'ejl-2', 'ejl-3'];
+  const servers: Server[] = [];
+  let stalled = false;
+  let puts = 0;
+  let door: FrontDoor;
+  before(async () => {
+    for (const [i, id] of members.entries()) {
+      const server = createServer((req, res) => {
+        req.resume();
+        req.on('end', () => {
+          if (req.url === '/version') return void res.end('{"etcdserver":"3.5.0"}');
+          if (req.url === '/v3/maintenance/status') return void res.end(JSON.stringify({ header: { member_id: String(101 + i) }, leader: '101', raftTerm: '5' }));
+          if (req.url === '/v3/kv/put' && id === 'ejl-1') {
+            puts++;
+            if (stalled) return; // the leader stalls its writes (a slow disk, say)
+          }
+          res.end('{"header":{}}');
+        });
+      });
+      server.listen(0, '127.0.0.1');
+      await once(server, 'listening');
+      servers.push(server);
+    }
+    const etcd = servers.map((s, i) => `${members[i]}=http://127.0.0.1:${(s.address() as AddressInfo).port}`).join(',');
+    const parsed = parseCommand(['--etcd', etcd, '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--request-timeout-ms', '200', '--eject-after', String(EJECT_AFTER)], {});
+    assert.ok(parsed.kind === 'run');
+    door = await FrontDoor.start(parsed.config);
+  });
+  after(async () => {
+    await door.stop();
+    for (const s of servers) {
+      s.closeAllConnections();
+      s.close();
+    }
+  });
+
+  it('writes that time out at the leader do not eject it: they would go to it anyway', async () => {
+    const stats = async () => (await call(`${door.url}/stats`)).json<{ leaders: Record<string, string>; nodes: Record<string, { ejections: number }> }>();
+    // The probe has found the leader (its first round runs at start).
+    for (let i = 0; (await stats()).leaders.etcd !== 'ejl-1'; i++) await once(door.leaderProbes[0]!, 'change');
+    stalled = true;
+    for (let i = 0; i < EJECT_AFTER * 2; i++) {
+      const reply = await call(`${door.url}/v3/kv/put`, { method: 'POST', body: '{"key":"Zm9v","value":"YmFy"}' });
+      assert.equal(reply.status, 502, 'sent once, timed out: outcome unknown');
+    }
+    stalled = false;
+    assert.equal(puts, EJECT_AFTER * 2, 'each write sent to the leader once');
+    const seen = await stats();
+    assert.equal(seen.nodes['ejl-1']!.ejections, 0);
+    assert.equal(seen.leaders.etcd, 'ejl-1');
+    const reply = await call(`${door.url}/v3/kv/put`, { method: 'POST', body: '{"key":"Zm9v","value":"YmFy"}' });
+    assert.equal(reply.status, 200);
+    assert.equal(reply.headers['x-lakefront-served-by'], 'ejl-1');
   });
 });
 

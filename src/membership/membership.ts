@@ -88,8 +88,10 @@ interface MemberState {
   capacity: number;
   /** performance.now() before which no probe may bring it back (`markUnhealthy`'s hold). */
   heldUntil: number;
-  /** performance.now() until which its last ejection (`eject`) holds it (0: never ejected). */
-  ejectedUntil: number;
+  /** Out by an ejection (`eject`), and not yet back: its hold, then a passing probe. */
+  ejected: boolean;
+  /** performance.now() when it last came back from an ejection (0: never). */
+  backAt: number;
   /** Ejections in a row: each one's hold is the base times this many (see `eject`). */
   streak: number;
   /** Ejections since start, for /stats. */
@@ -130,7 +132,7 @@ export class Membership extends EventEmitter {
     this.fetchImpl = options.fetch ?? globalThis.fetch;
     // Members start healthy: a front door that has not probed yet should try, and failover
     // covers a node that turns out to be down.
-    this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: config.weight ?? 1, heldUntil: 0, ejectedUntil: 0, streak: 0, ejections: 0 }]));
+    this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: config.weight ?? 1, heldUntil: 0, ejected: false, backAt: 0, streak: 0, ejections: 0 }]));
     this.loop = new PollLoop(this.intervalMs, () =>
       this.probeOnce().catch((err: unknown) => {
         this.emit('error', err);
@@ -223,7 +225,7 @@ export class Membership extends EventEmitter {
    * Passive health (Envoy's outlier ejection): requests keep failing on a member that may still
    * pass its probe (one that hangs on requests, say), so it is taken out of every ranking for
    * `baseMs` times its ejections in a row (at most `maxMs`), then until a probe passes. The
-   * streak starts again once a member has stayed in for `baseMs` since its last hold ended.
+   * streak starts again once a member has stayed in for `baseMs` since it came back.
    *
    * Refused, changing nothing, while it would put more than `maxPercent`% of the members out by
    * ejection at once (one always may be), or would leave no member routable: a request that waits
@@ -232,20 +234,20 @@ export class Membership extends EventEmitter {
   eject(id: string, policy: EjectionPolicy): EjectVerdict {
     const state = this.stateOf(id);
     const now = performance.now();
-    if (state.ejectedUntil > now) return { ejected: false, reason: 'already ejected' };
+    if (state.ejected) return { ejected: false, reason: 'already ejected' };
     if (!state.healthy) return { ejected: false, reason: 'already out of the ranking' };
     let out = 0;
     let routable = 0;
     for (const other of this.states.values()) {
-      if (other.ejectedUntil > now) out++;
+      if (other.ejected) out++;
       if (other !== state && other.healthy && quantiseWeight(other.capacity) > 0) routable++;
     }
     const allowed = Math.max(1, Math.floor((this.members.length * policy.maxPercent) / 100));
     if (out >= allowed) return { ejected: false, reason: `${out} of ${this.members.length} members already out by ejection, and at most ${policy.maxPercent}% (at least one) may be at once` };
     if (routable === 0) return { ejected: false, reason: 'it is the last routable member' };
-    state.streak = state.ejectedUntil > 0 && now - state.ejectedUntil < policy.baseMs ? state.streak + 1 : 1;
+    state.streak = state.backAt > 0 && now - state.backAt < policy.baseMs ? state.streak + 1 : 1;
     const holdMs = Math.min(policy.maxMs, policy.baseMs * state.streak);
-    state.ejectedUntil = now + holdMs;
+    state.ejected = true;
     state.ejections++;
     this.markUnhealthy(id, holdMs);
     return { ejected: true, holdMs, streak: state.streak };
@@ -254,7 +256,7 @@ export class Membership extends EventEmitter {
   /** Ejections of `id` since start, and whether one holds it out now. */
   ejectionsOf(id: string): { readonly ejections: number; readonly ejected: boolean } {
     const state = this.stateOf(id);
-    return { ejections: state.ejections, ejected: state.ejectedUntil > performance.now() };
+    return { ejections: state.ejections, ejected: state.ejected };
   }
 
   /** `performance.now()` before which no probe may bring `id` back (0 or past: no hold). */
@@ -269,11 +271,14 @@ export class Membership extends EventEmitter {
   adopt(id: string, from: Membership): void {
     const state = this.stateOf(id);
     const before = from.stateOf(id);
-    state.ejectedUntil = before.ejectedUntil;
     state.streak = before.streak;
     state.ejections = before.ejections;
+    state.backAt = before.backAt;
     const left = before.heldUntil - performance.now();
     if (left > 0) this.markUnhealthy(id, left);
+    // Past its hold it starts in, as every member does, until its first probe says otherwise.
+    if (before.ejected && state.healthy) state.backAt = performance.now();
+    else state.ejected = before.ejected;
   }
 
   /** Whether a hold from `markUnhealthy` still keeps the member out. */
@@ -285,6 +290,10 @@ export class Membership extends EventEmitter {
     const state = this.states.get(id)!;
     if (state.healthy === healthy) return;
     state.healthy = healthy;
+    if (healthy && state.ejected) {
+      state.ejected = false;
+      state.backAt = performance.now();
+    }
     this.emit('change');
   }
 

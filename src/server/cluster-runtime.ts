@@ -114,19 +114,42 @@ const UNREACHABLE_CODES: ReadonlySet<string> = new Set([
 ]);
 
 /**
- * Attempt failures that are not the node's: the front door closing its own connections (a stop,
- * a reload), or a response over the front door's own size limit. Every other error (a timeout, a
- * reset, a refused connection, a malformed response) counts toward ejection (`ejectAfter`).
+ * Attempt failures that are the node's, toward ejection (`ejectAfter`): no answer in time, a
+ * reset, a connection refused or not made in time, a response that is not HTTP. Not a failure the
+ * front door made itself: an attempt it refused before sending (undici refuses some paths), its
+ * own connections closing at a stop or reload, a response over its size limit. A timeout of an
+ * attempt never written (queued behind the front door's own connection limit) is not the node's
+ * either, nor anything undici parses wrongly with no socket error (`HPE_*` counts: the node's
+ * bytes were not HTTP).
  */
-const NOT_THE_NODE: ReadonlySet<string> = new Set([
-  H1Codes.POOL_CLOSED,
-  H1Codes.TOO_LARGE,
-  H1Codes.CANCELLED,
-  'UND_ERR_ABORTED',
-  'UND_ERR_DESTROYED',
-  'UND_ERR_CLOSED',
-  'UND_ERR_RES_EXCEEDED_MAX_SIZE',
+const NODE_FAILURES: ReadonlySet<string> = new Set([
+  H1Codes.REFUSED,
+  H1Codes.CLOSED,
+  H1Codes.TIMEOUT,
+  H1Codes.CONNECT_TIMEOUT,
+  H1Codes.BAD_RESPONSE,
+  'ECONNRESET',
+  'EPIPE',
+  'ETIMEDOUT',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'ECONNABORTED',
+  'UND_ERR_SOCKET',
+  'UND_ERR_HEADERS_TIMEOUT',
+  'UND_ERR_BODY_TIMEOUT',
+  'UND_ERR_CONNECT_TIMEOUT',
 ]);
+
+/** The code of `error` if it is the node's failure (NODE_FAILURES), else null. @internal exported for tests */
+export function nodeFailure(error: unknown): string | null {
+  const { code, unsent } = (error ?? {}) as { code?: unknown; unsent?: unknown };
+  if (typeof code !== 'string') return null;
+  if (code === H1Codes.TIMEOUT && unsent === true) return null; // queued here, never written
+  return NODE_FAILURES.has(code) || code.startsWith('HPE_') ? code : null;
+}
+
+/** The code reported for an attempt cut off unanswered after its cancel grace (see `attemptEnded`). */
+const CUT_OFF = 'LF_ERR_ATTEMPT_CUT_OFF';
 
 export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaHost {
   readonly name: string;
@@ -367,24 +390,35 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
         for (const policy of this.policies.values()) policy.leaderUnreachable?.(node);
         this.reports.leaderFailed(g);
       }
-      // An answer (a 502, 503 or 504, as a status): the node is there.
-      if (typeof error === 'number') {
-        this.failuresInRow[node] = 0;
-        return;
-      }
       const code = (error as { code?: unknown } | null)?.code;
       if (typeof code === 'string') this.failedWith(node, code);
-      if (this.ejectAfter > 0 && !NOT_THE_NODE.has(code as string) && ++this.failuresInRow[node]! % this.ejectAfter === 0) {
-        this.reports.nodeFailing(g, this.failuresInRow[node]!, typeof code === 'string' ? code : 'an error');
-      }
+      // An answer (a 502, 503 or 504, given as its status) is the node there.
+      if (typeof error === 'number') this.failuresInRow[node] = 0;
+      else this.failing(node, op, nodeFailure(error));
       return;
     }
-    // An answer (a cancelled attempt, `error` CANCELLED, says nothing either way).
     if (error === null) this.failuresInRow[node] = 0;
+    // Cancelled (a hedge loser, or its client gone) and cut off after its grace, unanswered: as a
+    // timeout of its own (Envoy reports a hedge's per-try timeout so). Else hedging would hide a
+    // node that hangs: every hedged read's hedge wins, and its loser counted neither way.
+    else if (latencyMs >= 0) this.failing(node, op, CUT_OFF);
     if (latencyMs >= 0) {
       this.windows[node]!.record(latencyMs);
       this.histograms.record(g, latencyMs * 1000);
     }
+  }
+
+  /**
+   * An attempt at `node` ended with no answer: `code` if it was the node's failure (null: the
+   * front door's own, which counts neither way). Every `ejectAfter`-th in a row is reported for
+   * ejection. Not a write to the published leader: writes are pinned to it whatever, its followers
+   * would forward them to it, and a write that timed out may have committed (a leader that cannot
+   * be reached is cleared as such, above); ejecting it would only take it off reads too.
+   */
+  private failing(node: number, op: number, code: string | null): void {
+    if (code === null || this.ejectAfter === 0 || (op === OP_WRITE && node === this.view.leader)) return;
+    const failures = ++this.failuresInRow[node]!;
+    if (failures % this.ejectAfter === 0) this.reports.nodeFailing(this.globalIndex[node]!, failures, code);
   }
 
   /**
