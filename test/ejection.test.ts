@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { Buffer } from 'node:buffer';
 import { once } from 'node:events';
 import { createServer, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { connect, type AddressInfo } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as delay } from 'node:timers/promises';
 import { after, afterEach, before, beforeEach, describe, it } from 'node:test';
@@ -203,6 +203,27 @@ describe('what counts toward ejection, and what does not', () => {
     assert.equal(event.ejected, true);
   });
 
+  it('an attempt cut off because its client left is not the node\'s failure: a client hanging up on slow requests ejects nothing', async () => {
+    const front = await start({ cancelGraceMs: 20, hedgeMode: 'off' });
+    const [slow] = nodes as [FakeNode];
+    // Every node slow (were the native one ejected, its boards' requests would go on to the next).
+    for (const n of nodes) n.behaviour = { kind: 'answer', delayMs: 2_000 };
+    const board = await boardOf(front, slow);
+    const any = (event: string) => Promise.race(nodes.map((n) => once(n, event)));
+    for (let i = 0; i < EJECT_AFTER * 2; i++) {
+      const socket = connect(Number(new URL(front.url).port), '127.0.0.1');
+      socket.on('error', () => undefined);
+      const received = any('request');
+      socket.write(`POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: ${board}\r\ncontent-length: 2\r\n\r\n{}`);
+      await received;
+      const cut = any('abandoned'); // the front door closes the attempt's connection
+      socket.destroy();
+      await cut;
+    }
+    assert.equal(await ejections(front, slow.id), 0);
+    assert.ok((await call(`${front.url}/health`)).json<{ healthy: string[] }>().healthy.includes(slow.id));
+  });
+
   it('a request the undici client refuses to send is not the node\'s failure', async () => {
     const front = await start({ upstreamClient: 'undici', requestTimeoutMs: 300, hedgeMode: 'off' });
     const [target] = nodes as [FakeNode];
@@ -238,9 +259,11 @@ describe('nodeFailure: which attempt errors are the node\'s', () => {
 describe('ejection and a leader-pinned route (etcd)', () => {
   const members = ['ejl-1', 'ejl-2', 'ejl-3'];
   const servers: Server[] = [];
-  let stalled = false;
-  let puts = 0;
-  let door: FrontDoor;
+  /** The member whose writes stall (a stalled leader stalls the writes followers forward too). */
+  let stalled: string | null = null;
+  const puts = new Map<string, number>();
+  let etcd = '';
+  let door: FrontDoor | null = null;
   before(async () => {
     for (const [i, id] of members.entries()) {
       const server = createServer((req, res) => {
@@ -248,9 +271,9 @@ describe('ejection and a leader-pinned route (etcd)', () => {
         req.on('end', () => {
           if (req.url === '/version') return void res.end('{"etcdserver":"3.5.0"}');
           if (req.url === '/v3/maintenance/status') return void res.end(JSON.stringify({ header: { member_id: String(101 + i) }, leader: '101', raftTerm: '5' }));
-          if (req.url === '/v3/kv/put' && id === 'ejl-1') {
-            puts++;
-            if (stalled) return; // the leader stalls its writes (a slow disk, say)
+          if (req.url === '/v3/kv/put') {
+            puts.set(id, (puts.get(id) ?? 0) + 1);
+            if (stalled === id) return; // its writes stall (a slow disk at the leader, say)
           }
           res.end('{"header":{}}');
         });
@@ -259,36 +282,55 @@ describe('ejection and a leader-pinned route (etcd)', () => {
       await once(server, 'listening');
       servers.push(server);
     }
-    const etcd = servers.map((s, i) => `${members[i]}=http://127.0.0.1:${(s.address() as AddressInfo).port}`).join(',');
-    const parsed = parseCommand(['--etcd', etcd, '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--request-timeout-ms', '200', '--eject-after', String(EJECT_AFTER)], {});
-    assert.ok(parsed.kind === 'run');
-    door = await FrontDoor.start(parsed.config);
+    etcd = servers.map((s, i) => `${members[i]}=http://127.0.0.1:${(s.address() as AddressInfo).port}`).join(',');
+  });
+  afterEach(async () => {
+    await door?.stop();
+    door = null;
+    stalled = null;
   });
   after(async () => {
-    await door.stop();
     for (const s of servers) {
       s.closeAllConnections();
       s.close();
     }
   });
 
+  async function start(policy: string): Promise<FrontDoor> {
+    const parsed = parseCommand(['--etcd', etcd, '--etcd-policy', policy, '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--request-timeout-ms', '200', '--eject-after', String(EJECT_AFTER)], {});
+    assert.ok(parsed.kind === 'run');
+    return (door = await FrontDoor.start(parsed.config));
+  }
+  const stats = async (front: FrontDoor) => (await call(`${front.url}/stats`)).json<{ leaders: Record<string, string>; nodes: Record<string, { ejections: number }> }>();
+  const put = (front: FrontDoor) => call(`${front.url}/v3/kv/put`, { method: 'POST', body: '{"key":"Zm9v","value":"YmFy"}' });
+
   it('writes that time out at the leader do not eject it: they would go to it anyway', async () => {
-    const stats = async () => (await call(`${door.url}/stats`)).json<{ leaders: Record<string, string>; nodes: Record<string, { ejections: number }> }>();
+    const front = await start('hybrid');
     // The probe has found the leader (its first round runs at start).
-    for (let i = 0; (await stats()).leaders.etcd !== 'ejl-1'; i++) await once(door.leaderProbes[0]!, 'change');
-    stalled = true;
-    for (let i = 0; i < EJECT_AFTER * 2; i++) {
-      const reply = await call(`${door.url}/v3/kv/put`, { method: 'POST', body: '{"key":"Zm9v","value":"YmFy"}' });
-      assert.equal(reply.status, 502, 'sent once, timed out: outcome unknown');
-    }
-    stalled = false;
-    assert.equal(puts, EJECT_AFTER * 2, 'each write sent to the leader once');
-    const seen = await stats();
+    while ((await stats(front)).leaders.etcd !== 'ejl-1') await once(front.leaderProbes[0]!, 'change');
+    stalled = 'ejl-1';
+    const before = puts.get('ejl-1') ?? 0;
+    for (let i = 0; i < EJECT_AFTER * 2; i++) assert.equal((await put(front)).status, 502, 'sent once, timed out: outcome unknown');
+    stalled = null;
+    assert.equal((puts.get('ejl-1') ?? 0) - before, EJECT_AFTER * 2, 'each write sent to the leader once');
+    const seen = await stats(front);
     assert.equal(seen.nodes['ejl-1']!.ejections, 0);
     assert.equal(seen.leaders.etcd, 'ejl-1');
-    const reply = await call(`${door.url}/v3/kv/put`, { method: 'POST', body: '{"key":"Zm9v","value":"YmFy"}' });
+    const reply = await put(front);
     assert.equal(reply.status, 200);
     assert.equal(reply.headers['x-lakefront-served-by'], 'ejl-1');
+  });
+
+  it('nor do writes that time out at a follower (round_robin): a follower waits on the leader for every write', async () => {
+    const front = await start('round_robin');
+    stalled = 'ejl-2';
+    const before = puts.get('ejl-2') ?? 0;
+    let timedOut = 0;
+    // Round robin: a third of the writes go to the follower whose writes stall.
+    for (let i = 0; i < EJECT_AFTER * 6; i++) if ((await put(front)).status === 502) timedOut++;
+    assert.ok(timedOut >= EJECT_AFTER, `${timedOut} writes timed out at ejl-2`);
+    assert.equal((puts.get('ejl-2') ?? 0) - before, timedOut);
+    for (const id of members) assert.equal((await stats(front)).nodes[id]!.ejections, 0, id);
   });
 });
 
@@ -308,6 +350,23 @@ describe('Membership.eject', () => {
     assert.equal(half.eject('m0', { ...policy, maxPercent: 50 }).ejected, true);
     assert.equal(half.eject('m1', { ...policy, maxPercent: 50 }).ejected, true);
     assert.equal(half.eject('m2', { ...policy, maxPercent: 50 }).ejected, false);
+  });
+
+  it('counts a member past its hold that fails its probe as out for its health, not against the cap', async () => {
+    let down = '';
+    const m = new Membership({
+      members: members(3),
+      fetch: async (url) => new Response('{}', { status: String(url).includes(`:${10_000 + Number(down.slice(1))}/`) ? 503 : 200 }),
+    });
+    const short = { baseMs: 30, maxMs: 30, maxPercent: 10 };
+    assert.equal(m.eject('m0', short).ejected, true);
+    assert.deepEqual(m.eject('m1', short), { ejected: false, reason: '1 of 3 members already out by ejection, and at most 10% (at least one) may be at once' });
+    await delay(Math.max(0, m.heldUntil('m0') - performance.now()) + 1);
+    down = 'm0'; // it died meanwhile
+    await m.probeOnce();
+    assert.equal(m.isHealthy('m0'), false);
+    assert.equal(m.ejectionsOf('m0').ejected, false, 'out for its health now');
+    assert.equal(m.eject('m1', short).ejected, true, 'the slot is free');
   });
 
   it('never ejects the last routable member', () => {

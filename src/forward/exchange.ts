@@ -263,8 +263,9 @@ export class Exchange implements HedgeWaiter {
     this.clearHedge();
     this.leaveWaitList();
     this.tallyDenied();
-    this.abortAll(ordinal);
+    // Before the losers hear of it: a loser killed at once (no grace) reads it (upstream.ts CUT_OFF).
     this.winner = ordinal;
+    this.abortAll(ordinal);
     this.status = status;
     this.headers = headers;
     this.body = body;

@@ -63,6 +63,8 @@ export interface AttemptSink {
   readonly launchedAt: number;
   /** Operation class (OP_READ / OP_WRITE), for the observer. */
   readonly op: number;
+  /** An exchange's: the ordinal of the attempt whose answer won, or -1 (none, yet or ever). */
+  readonly winner?: number;
   /** A complete response; `headers` and `body` may view a shared read buffer: copy to keep. */
   answered(ordinal: number, status: number, headers: unknown, body: Buffer, latencyMs: number): void;
   failed(ordinal: number, error: unknown): void;
@@ -95,6 +97,19 @@ export interface TransportOptions {
  * 200). Unsent attempts (dropped from the queue) say nothing of the node: no sample.
  */
 const CANCELLED = new H1Error(H1Codes.CANCELLED, 'attempt cancelled');
+
+/**
+ * How a hedge loser (another attempt of its exchange won) cut off unanswered after its grace is
+ * reported: a latency sample as CANCELLED's, and a failure toward ejection (cluster-runtime.ts), as
+ * Envoy reports a hedge's per-try timeout. An attempt cut off because its client left, or at a
+ * shutdown, is CANCELLED: the client's doing says nothing of the node.
+ */
+export const CUT_OFF = new H1Error('LF_ERR_ATTEMPT_CUT_OFF', 'a hedge loser cut off unanswered');
+
+/** CUT_OFF for a written hedge loser, else CANCELLED. */
+function cancelledAs(exchange: AttemptSink): H1Error {
+  return exchange.winner !== undefined && exchange.winner >= 0 ? CUT_OFF : CANCELLED;
+}
 
 /**
  * What both attempt kinds share: an attempt ends once, and a cancelled one is given
@@ -164,7 +179,7 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
     this.end();
     const written = this.transport.pool.isWritten(this.ticket!);
     this.transport.pool.cancel(this.ticket!);
-    this.transport.observer.attemptEnded(this.node, true, written ? performance.now() - this.startedAt : -1, CANCELLED, this.exchange.op);
+    this.transport.observer.attemptEnded(this.node, true, written ? performance.now() - this.startedAt : -1, written ? cancelledAs(this.exchange) : CANCELLED, this.exchange.op);
   }
 
   onResponse(status: number, fields: HeaderFields, body: Buffer): void {
@@ -299,7 +314,8 @@ class DispatchAttempt extends CancellableAttempt {
     if (this.killed) {
       // Dropped or closed by us (cancelled): not the node's fault; cut off on the wire, a lower
       // bound of its latency (see CANCELLED).
-      this.transport.observer.attemptEnded(this.node, true, this.abortFn !== null ? performance.now() - this.startedAt : -1, CANCELLED, this.exchange.op);
+      const onSocket = this.abortFn !== null;
+      this.transport.observer.attemptEnded(this.node, true, onSocket ? performance.now() - this.startedAt : -1, onSocket ? cancelledAs(this.exchange) : CANCELLED, this.exchange.op);
       return;
     }
     this.transport.observer.attemptEnded(this.node, false, performance.now() - this.startedAt, err, this.exchange.op);

@@ -179,7 +179,7 @@ export class Membership extends EventEmitter {
   probeOnce(): Promise<void> {
     // Overlapping rounds would race each other's verdicts: join the one under way.
     if (this.probing) return this.probing;
-    this.probing = Promise.all(this.members.map((m) => this.probe(m).then((healthy) => this.verdict(m.id, healthy && !this.held(m.id))))).then(
+    this.probing = Promise.all(this.members.map((m) => this.probe(m).then((healthy) => this.probed(m.id, healthy)))).then(
       () => {
         this.probing = null;
       },
@@ -275,15 +275,25 @@ export class Membership extends EventEmitter {
     state.ejections = before.ejections;
     state.backAt = before.backAt;
     const left = before.heldUntil - performance.now();
-    if (left > 0) this.markUnhealthy(id, left);
-    // Past its hold it starts in, as every member does, until its first probe says otherwise.
-    if (before.ejected && state.healthy) state.backAt = performance.now();
-    else state.ejected = before.ejected;
+    if (left > 0) {
+      this.markUnhealthy(id, left);
+      state.ejected = before.ejected;
+    }
+    // Past its hold, it starts in as every member does, and its first probe decides.
   }
 
   /** Whether a hold from `markUnhealthy` still keeps the member out. */
   private held(id: string): boolean {
     return performance.now() < this.heldUntil(id);
+  }
+
+  private probed(id: string, healthy: boolean): void {
+    const state = this.states.get(id)!;
+    const held = this.held(id);
+    // Past its ejection's hold and failing its probe: out for its health now, not the ejection
+    // (no longer counted against the cap: a dead node would hold the one slot for good).
+    if (!healthy && !held && state.ejected) state.ejected = false;
+    this.verdict(id, healthy && !held);
   }
 
   private verdict(id: string, healthy: boolean): void {

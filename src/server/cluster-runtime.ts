@@ -8,7 +8,7 @@ import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDrive
 import { HedgeBudget } from '../forward/budget.js';
 import { SampleWindow } from '../forward/latency.js';
 import { H1Codes, type H1Agent } from '../forward/h1.js';
-import { createTransport, type AttemptObserver, type AttemptSink, type NodeTransport, type UpstreamRequest } from '../forward/upstream.js';
+import { createTransport, CUT_OFF, type AttemptObserver, type AttemptSink, type NodeTransport, type UpstreamRequest } from '../forward/upstream.js';
 import { HashRing } from '../hashing/ring.js';
 import type { ReplicaHost } from '../replication/fanout.js';
 import type { HintEvent } from '../replication/hints.js';
@@ -148,9 +148,6 @@ export function nodeFailure(error: unknown): string | null {
   return NODE_FAILURES.has(code) || code.startsWith('HPE_') ? code : null;
 }
 
-/** The code reported for an attempt cut off unanswered after its cancel grace (see `attemptEnded`). */
-const CUT_OFF = 'LF_ERR_ATTEMPT_CUT_OFF';
-
 export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaHost {
   readonly name: string;
   readonly ids: readonly string[];
@@ -173,6 +170,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   /** Attempts in a row per node that ended with no answer (`ejectAfter`). */
   private readonly failuresInRow: Int32Array;
   private readonly ejectAfter: number;
+  /** A leader-probed cluster (etcd): its writes all wait on the leader. */
+  private readonly leaderBased: boolean;
   /** Region index per node; nodes without a region share one. */
   readonly regionOf: Int32Array;
   /** Region names by index ('' for the nodes without one). */
@@ -210,6 +209,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     this.lastUnreachableAt = new Float64Array(spec.nodes.length);
     this.failuresInRow = new Int32Array(spec.nodes.length);
     this.ejectAfter = settings.ejectAfter ?? 0;
+    this.leaderBased = spec.leaderBased === true;
     this.hedgeBudget = new HedgeBudget(settings.hedgeBudgetPercent);
     this.view = {
       ids: this.ids,
@@ -398,10 +398,10 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       return;
     }
     if (error === null) this.failuresInRow[node] = 0;
-    // Cancelled (a hedge loser, or its client gone) and cut off after its grace, unanswered: as a
-    // timeout of its own (Envoy reports a hedge's per-try timeout so). Else hedging would hide a
-    // node that hangs: every hedged read's hedge wins, and its loser counted neither way.
-    else if (latencyMs >= 0) this.failing(node, op, CUT_OFF);
+    // A hedge loser cut off after its grace, unanswered: as a timeout of its own (Envoy reports a
+    // hedge's per-try timeout so). Else hedging would hide a node that hangs: every hedged read's
+    // hedge wins, and its loser counted neither way. (Cancelled for its client: neither way.)
+    else if (error === CUT_OFF) this.failing(node, op, CUT_OFF.code);
     if (latencyMs >= 0) {
       this.windows[node]!.record(latencyMs);
       this.histograms.record(g, latencyMs * 1000);
@@ -411,12 +411,13 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   /**
    * An attempt at `node` ended with no answer: `code` if it was the node's failure (null: the
    * front door's own, which counts neither way). Every `ejectAfter`-th in a row is reported for
-   * ejection. Not a write to the published leader: writes are pinned to it whatever, its followers
-   * would forward them to it, and a write that timed out may have committed (a leader that cannot
-   * be reached is cleared as such, above); ejecting it would only take it off reads too.
+   * ejection. Not a write on a leader-based cluster (etcd): a write sent to any member waits on
+   * the leader (a follower forwards it), so a stalled leader would eject the member it went to;
+   * and the leader takes the writes whatever (one that cannot be reached is cleared as such,
+   * above): ejecting it would only take it off reads too.
    */
   private failing(node: number, op: number, code: string | null): void {
-    if (code === null || this.ejectAfter === 0 || (op === OP_WRITE && node === this.view.leader)) return;
+    if (code === null || this.ejectAfter === 0 || (op === OP_WRITE && this.leaderBased)) return;
     const failures = ++this.failuresInRow[node]!;
     if (failures % this.ejectAfter === 0) this.reports.nodeFailing(this.globalIndex[node]!, failures, code);
   }

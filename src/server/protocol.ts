@@ -79,6 +79,8 @@ export interface ClusterSpec {
   /** Global node indices (rows of the membership table), in configuration order. */
   readonly nodes: readonly number[];
   readonly policySettings: PolicySettings;
+  /** Leader-probed (etcd): writes to any member wait on the leader. */
+  readonly leaderBased?: boolean;
 }
 
 export interface NodeSpec {

@@ -217,7 +217,7 @@ export class FrontDoor extends EventEmitter {
         indices.push(this.nodes.length);
         this.nodes.push({ id: member.id, url: member.url, cluster: clusterIndex, region: member.region ?? null });
       }
-      this.clusters.push({ name: cluster.name, nodes: indices, policySettings: { ...DEFAULT_POLICY_SETTINGS, ...cluster.policySettings } });
+      this.clusters.push({ name: cluster.name, nodes: indices, policySettings: { ...DEFAULT_POLICY_SETTINGS, ...cluster.policySettings }, leaderBased: cluster.leader === 'etcd' });
       membership.on('change', () => this.publish());
       return membership;
     });
