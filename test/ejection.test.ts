@@ -165,11 +165,11 @@ describe('what counts toward ejection, and what does not', () => {
     await Promise.all(nodes.map((n) => n.stop()));
   });
 
-  async function start(settings: Partial<FrontDoorConfig['settings']>): Promise<FrontDoor> {
+  async function start(settings: Partial<FrontDoorConfig['settings']>, threads = 1): Promise<FrontDoor> {
     door = await FrontDoor.start({
       host: '127.0.0.1',
       port: 0,
-      threads: 1,
+      threads,
       clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
       routes: [RPC_ROUTE],
       healthIntervalMs: 60_000,
@@ -183,6 +183,22 @@ describe('what counts toward ejection, and what does not', () => {
     for (let i = 0; ; i++) if ((await ranking(front.url, `ejw-${i}`))[0] === node.id) return `ejw-${i}`;
   }
   const ejections = async (front: FrontDoor, id: string) => (await call(`${front.url}/stats`)).json<{ nodes: Record<string, { ejections: number }> }>().nodes[id]!.ejections;
+
+  it('counts failures in a row across worker threads, as one count a node', async () => {
+    const front = await start({ requestTimeoutMs: 150, hedgeMode: 'off' }, 4);
+    const [hanging] = nodes as [FakeNode];
+    hanging.behaviour = { kind: 'hang' };
+    const board = await boardOf(front, hanging);
+    const verdict = once(front, 'ejection') as Promise<[EjectionEvent]>;
+    // A connection each, spread over four threads by the kernel: counted a thread apart, three
+    // failures would seldom be three on one thread.
+    const replies = await Promise.all(Array.from({ length: EJECT_AFTER }, () => rpc(front.url, 'board.append', board, { fresh: true })));
+    assert.deepEqual(replies.map((r) => r.status), Array(EJECT_AFTER).fill(502));
+    const [event] = await verdict;
+    assert.equal(event.node, hanging.id);
+    assert.equal(event.failures, EJECT_AFTER);
+    assert.equal(event.ejected, true);
+  });
 
   it("a hedged read's loser cut off unanswered counts: hedging does not hide a node that hangs", async () => {
     // Every read hedges (at 30 ms, before any sample) and its hedge wins; the loser is cut off

@@ -37,7 +37,7 @@ export interface RouteOptions {
   readonly drainTimeoutMs?: number;
   /** How long a node a request could not reach stays out of every ranking. Default 3,000. */
   readonly unreachableHoldMs?: number;
-  /** Passive health: failed attempts in a row at a node, on one thread, that eject it (0: never). Default 5. */
+  /** Passive health: failed attempts in a row at a node, across all threads, that eject it (0: never). Default 5. */
   readonly ejectAfter?: number;
   /** An ejected node's first hold (then twice, three times ... in a row, up to 300,000). Default 30,000. */
   readonly ejectMs?: number;

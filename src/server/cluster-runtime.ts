@@ -167,7 +167,10 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   private observers: Policy[] = [];
   private readonly policySettings: PolicySettings;
   private readonly lastUnreachableAt: Float64Array;
-  /** Attempts in a row per node that ended with no answer (`ejectAfter`). */
+  /**
+   * Attempts in a row per node (global index) that ended with no answer (`ejectAfter`), shared
+   * by every worker thread: Atomics.add counts a failure, a plain store of 0 an answer.
+   */
   private readonly failuresInRow: Int32Array;
   private readonly ejectAfter: number;
   /** A leader-probed cluster (etcd): its writes all wait on the leader. */
@@ -190,6 +193,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     private readonly settings: DataPlaneSettings,
     private readonly slot: CounterSlot,
     private readonly histograms: NodeHistograms,
+    failuresInRow: Int32Array,
     private readonly reports: NodeReports,
     agent: H1Agent,
     private readonly replication: ReplicationContext | null = null,
@@ -207,7 +211,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     this.transports = spec.nodes.map((g) => createTransport(settings.upstreamClient, nodes[g]!.url, transportOptions, this, agent));
     this.windows = spec.nodes.map(() => new SampleWindow());
     this.lastUnreachableAt = new Float64Array(spec.nodes.length);
-    this.failuresInRow = new Int32Array(spec.nodes.length);
+    this.failuresInRow = failuresInRow;
     this.ejectAfter = settings.ejectAfter ?? 0;
     this.leaderBased = spec.leaderBased === true;
     this.hedgeBudget = new HedgeBudget(settings.hedgeBudgetPercent);
@@ -393,11 +397,11 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       const code = (error as { code?: unknown } | null)?.code;
       if (typeof code === 'string') this.failedWith(node, code);
       // An answer (a 502, 503 or 504, given as its status) is the node there.
-      if (typeof error === 'number') this.failuresInRow[node] = 0;
+      if (typeof error === 'number') this.answered(g);
       else this.failing(node, op, nodeFailure(error));
       return;
     }
-    if (error === null) this.failuresInRow[node] = 0;
+    if (error === null) this.answered(g);
     // A hedge loser cut off after its grace, unanswered: as a timeout of its own (Envoy reports a
     // hedge's per-try timeout so). Else hedging would hide a node that hangs: every hedged read's
     // hedge wins, and its loser counted neither way. (Cancelled for its client: neither way.)
@@ -418,8 +422,15 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
    */
   private failing(node: number, op: number, code: string | null): void {
     if (code === null || this.ejectAfter === 0 || (op === OP_WRITE && this.leaderBased)) return;
-    const failures = ++this.failuresInRow[node]!;
-    if (failures % this.ejectAfter === 0) this.reports.nodeFailing(this.globalIndex[node]!, failures, code);
+    const g = this.globalIndex[node]!;
+    // Every thread counts into one row: exactly one of them sees each multiple, and reports it.
+    const failures = Atomics.add(this.failuresInRow, g, 1) + 1;
+    if (failures % this.ejectAfter === 0) this.reports.nodeFailing(g, failures, code);
+  }
+
+  /** The node answered: its failures in a row start again (read first: a store only after some). */
+  private answered(g: number): void {
+    if (this.failuresInRow[g] !== 0) Atomics.store(this.failuresInRow, g, 0);
   }
 
   /**

@@ -433,7 +433,7 @@ export interface FrontHooks {
   requestStats(id: number): void;
   /** An attempt found the node unreachable (at most one report a node per 500 ms, per thread). */
   nodeUnreachable(globalNode: number): void;
-  /** `--eject-after` attempts in a row at the node failed on this thread, the last with `code`. */
+  /** `--eject-after` attempts in a row at the node failed (counted across threads), the last with `code`. */
   nodeFailing(globalNode: number, failures: number, code: string): void;
   leaderFailed(globalNode: number): void;
 }
@@ -490,6 +490,7 @@ export class WorkerFront implements TunnelHost {
     this.rows = init.nodes.map(() => ({ weight: 0, flags: 0, region: -1, cluster: 0 }));
     this.histograms = new NodeHistograms(init.nodes.length);
     this.agent = new H1Agent(sweepPeriodMs(init.settings.requestTimeoutMs));
+    const failuresInRow = new Int32Array(init.failuresInRow);
     const replication = { clock: new VersionClock(init.versionSalt + init.slot), region: init.region, refresh: () => this.refresh() };
     this.runtimes = init.clusters.map(
       (spec) =>
@@ -499,6 +500,7 @@ export class WorkerFront implements TunnelHost {
           init.settings,
           this.slot,
           this.histograms,
+          failuresInRow,
           hooks,
           this.agent,
           replication,

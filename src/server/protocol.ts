@@ -119,7 +119,7 @@ export interface DataPlaneSettings {
   readonly forwardedFor?: boolean;
   /**
    * Passive health: this many attempts in a row at a node fail (no answer: a timeout, a reset, a
-   * refused connection, a malformed response), on one worker, and the control plane is asked to
+   * refused connection, a malformed response), counted across workers, and the control plane is asked to
    * eject it (Membership.eject). 0: never. Default 5.
    */
   readonly ejectAfter?: number;
@@ -132,6 +132,12 @@ export interface WorkerInit {
   readonly port: number;
   readonly table: SharedArrayBuffer;
   readonly counters: SharedArrayBuffer;
+  /**
+   * Attempts in a row per node (global index) that ended with no answer, one Int32 a node,
+   * shared by every worker (Atomics): `ejectAfter` counts across threads, as Envoy's
+   * consecutive-failure counters do across its workers.
+   */
+  readonly failuresInRow: SharedArrayBuffer;
   readonly counterSlots: number;
   readonly nodes: readonly NodeSpec[];
   readonly clusters: readonly ClusterSpec[];

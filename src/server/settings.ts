@@ -15,7 +15,7 @@ export const DEFAULT_CANCEL_GRACE_MS = 250;
 /** Seed 004: an unreachable node is marked failed for three seconds. */
 export const DEFAULT_UNREACHABLE_HOLD_MS = 3_000;
 /**
- * Passive health (Membership.eject): five failed attempts in a row at a node, on one worker,
+ * Passive health (Membership.eject): five failed attempts in a row at a node, across workers,
  * eject it for 30 s, then 60, 90, ... up to five minutes while it keeps failing; at most one node
  * in ten out by ejection at once, and always one (Envoy's outlier detection defaults).
  */

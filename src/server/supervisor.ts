@@ -138,6 +138,8 @@ export class FrontDoor extends EventEmitter {
   private readonly routes: RouteSpec[];
   private readonly table: TableWriter;
   private readonly counters: SharedArrayBuffer;
+  /** Failed attempts in a row per node, counted by every worker (WorkerInit.failuresInRow). */
+  private readonly failuresInRow: SharedArrayBuffer;
   private readonly counterSlots: number;
   private readonly workers = new Map<number, WorkerHandle>();
   private readonly collections = new Map<number, Collection>();
@@ -253,6 +255,7 @@ export class FrontDoor extends EventEmitter {
     this.table = new TableWriter(this.nodes.length);
     this.counterSlots = config.threads + 1;
     this.counters = new SharedArrayBuffer(counterBytes(this.counterSlots, this.nodes.length));
+    this.failuresInRow = new SharedArrayBuffer(4 * this.nodes.length);
     const mainSlot = (this.mainSlot = new CounterSlot(this.counters, 0, this.nodes.length));
     this.router = new Router(
       {
@@ -804,6 +807,7 @@ export class FrontDoor extends EventEmitter {
       port: this.port,
       table: this.table.buffer,
       counters: this.counters,
+      failuresInRow: this.failuresInRow,
       counterSlots: this.counterSlots,
       nodes: this.nodes,
       clusters: this.clusters,
@@ -925,7 +929,7 @@ export class FrontDoor extends EventEmitter {
     const verdict = this.memberships[node.cluster]!.eject(node.id, this.ejection);
     this.emit('ejection', { cluster, node: node.id, failures, code, ...verdict } satisfies EjectionEvent);
     const what = `lakefront: node "${node.id}" (cluster "${cluster}")`;
-    const why = `${failures} attempts at it in a row failed on one thread, the last with ${code}`;
+    const why = `${failures} attempts at it in a row failed, the last with ${code}`;
     if (verdict.ejected) {
       const streak = verdict.streak > 1 ? ` (ejection ${verdict.streak} in a row)` : '';
       process.stderr.write(`${what} ejected for ${verdict.holdMs / 1000} s${streak}, then until a health probe passes: ${why}\n`);
