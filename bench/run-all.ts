@@ -1,7 +1,7 @@
 /**
  * `npm run bench`: the whole suite, one part after another (throughput against the peers,
- * hedging under tail latency, thread tuning, memory with idle connections, WebSocket tunnels and
- * replicated routes (these two in the full run only), seed 002 against a
+ * hedging under tail latency, thread tuning, memory with idle connections, WebSocket tunnels,
+ * replicated routes, reloads and ejection (these four in the full run only), seed 002 against a
  * real etcd cluster when etcd is installed). `npm run bench:quick`
  * passes --quick to each: a short version that finishes in about two minutes.
  */
@@ -20,7 +20,7 @@ const parts: [string, string[]][] = quick
       ['memory.js', ['--quick']],
       ['etcd.js', ['--quick', '--mixes', '80/20', '--seconds', '2', '--no-failover']],
     ]
-  : [['suite.js', []], ['hedging.js', []], ['threads.js', []], ['memory.js', []], ['websocket.js', []], ['quorum.js', []], ['reload.js', []], ['etcd.js', []], ['etcd.js', ['--workers', '16', '--no-failover', '--section', 'etcd-3-w16']],
+  : [['suite.js', []], ['hedging.js', []], ['threads.js', []], ['memory.js', []], ['websocket.js', []], ['quorum.js', []], ['reload.js', []], ['ejection.js', []], ['etcd.js', []], ['etcd.js', ['--workers', '16', '--no-failover', '--section', 'etcd-3-w16']],
       ['etcd.js', ['--members', '5', '--workers', '16', '--trials', '2', '--no-failover', '--section', 'etcd-5-w16']]];
 
 const started = Date.now();
