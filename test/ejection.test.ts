@@ -15,8 +15,8 @@ import { parseCommand } from '../src/config/config.js';
 import { Membership } from '../src/membership/membership.js';
 import { nodeFailure } from '../src/server/cluster-runtime.js';
 import { route } from '../src/router/index.js';
-import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
 import { FrontDoor, type EjectionEvent, type FrontDoorConfig } from '../src/server/supervisor.js';
+import { doorConfig } from './fixtures/door.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 import { call, ranking, rawExchange, rpc } from './fixtures/http.js';
 
@@ -31,18 +31,7 @@ describe('ejecting a node that passes its probe but fails its requests', () => {
   });
   beforeEach(async () => {
     for (const n of nodes) n.behaviour = { kind: 'answer' };
-    config = {
-      host: '127.0.0.1',
-      port: 0,
-      threads: 1,
-      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [RPC_ROUTE],
-      // Probes run when the test says (probeOnce).
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      ejectMs: 60_000,
-      settings: defaultSettings({ requestTimeoutMs: 150, hedgeMode: 'off', ejectAfter: EJECT_AFTER }),
-    };
+    config = doorConfig(nodes, { requestTimeoutMs: 150, hedgeMode: 'off', ejectAfter: EJECT_AFTER }, { ejectMs: 60_000 });
     door = await FrontDoor.start(config);
   });
   afterEach(async () => {
@@ -166,17 +155,7 @@ describe('what counts toward ejection, and what does not', () => {
   });
 
   async function start(settings: Partial<FrontDoorConfig['settings']>, threads = 1): Promise<FrontDoor> {
-    door = await FrontDoor.start({
-      host: '127.0.0.1',
-      port: 0,
-      threads,
-      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [RPC_ROUTE],
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      ejectMs: 60_000,
-      settings: defaultSettings({ ejectAfter: EJECT_AFTER, ...settings }),
-    });
+    door = await FrontDoor.start(doorConfig(nodes, { ejectAfter: EJECT_AFTER, ...settings }, { threads, ejectMs: 60_000 }));
     return door;
   }
   async function boardOf(front: FrontDoor, node: FakeNode): Promise<string> {

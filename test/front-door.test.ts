@@ -18,6 +18,7 @@ import { route, type RouterServer } from '../src/router/index.js';
 import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
 import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
 import { Client, Pool } from 'undici';
+import { doorConfig } from './fixtures/door.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 import { call, inTurn, ranking, rawExchange, rpc, type Reply } from './fixtures/http.js';
 
@@ -154,16 +155,7 @@ describe('front door: hedging at a node\'s own p95', () => {
     nodes = await startNodes('p95-a', 'p95-b', 'p95-c');
     // One worker (one latency window a node); every slow request may hedge (budget 100%); a
     // fallback delay far above anything here, so only a learned p95 can trigger a hedge.
-    door = await FrontDoor.start({
-      host: '127.0.0.1',
-      port: 0,
-      threads: 1,
-      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [RPC_ROUTE],
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      settings: defaultSettings({ hedgeDelayMs: 60_000, hedgeBudgetPercent: 100, cancelGraceMs: 20 }),
-    });
+    door = await FrontDoor.start(doorConfig(nodes, { hedgeDelayMs: 60_000, hedgeBudgetPercent: 100, cancelGraceMs: 20 }));
   });
   after(async () => {
     await door.stop();
