@@ -253,7 +253,7 @@ export class Membership extends EventEmitter {
     return { ejected: true, holdMs, streak: state.streak };
   }
 
-  /** Ejections of `id` since start, and whether one holds it out now. */
+  /** Ejections of `id` since start, and whether it is out by one now (its hold, then until a probe passes). */
   ejectionsOf(id: string): { readonly ejections: number; readonly ejected: boolean } {
     const state = this.stateOf(id);
     return { ejections: state.ejections, ejected: state.ejected };

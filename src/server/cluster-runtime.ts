@@ -117,10 +117,9 @@ const UNREACHABLE_CODES: ReadonlySet<string> = new Set([
  * Attempt failures that are the node's, toward ejection (`ejectAfter`): no answer in time, a
  * reset, a connection refused or not made in time, a response that is not HTTP. Not a failure the
  * front door made itself: an attempt it refused before sending (undici refuses some paths), its
- * own connections closing at a stop or reload, a response over its size limit. A timeout of an
- * attempt never written (queued behind the front door's own connection limit) is not the node's
- * either, nor anything undici parses wrongly with no socket error (`HPE_*` counts: the node's
- * bytes were not HTTP).
+ * own connections closing at a stop or reload, a response over its size limit; nor a timeout of
+ * an attempt never written (queued behind the front door's own connection limit). undici's
+ * parser errors (`HPE_*`) count: the node's bytes were not HTTP.
  */
 const NODE_FAILURES: ReadonlySet<string> = new Set([
   H1Codes.REFUSED,
