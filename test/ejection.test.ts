@@ -179,6 +179,26 @@ describe('what counts toward ejection, and what does not', () => {
     assert.equal(event.ejected, true);
   });
 
+  it('failures on an old worker still draining after a reload are judged by the configuration serving', async () => {
+    const config = doorConfig(nodes, { requestTimeoutMs: 1_500, hedgeMode: 'off', ejectAfter: EJECT_AFTER }, { ejectMs: 60_000 });
+    const old = (door = await FrontDoor.start(config));
+    const [hanging] = nodes as [FakeNode];
+    hanging.behaviour = { kind: 'hang' };
+    const board = await boardOf(old, hanging);
+    const before = hanging.received.length;
+    // Writes in flight on the old worker, which the reload leaves to drain (they time out there).
+    const writes = Array.from({ length: EJECT_AFTER }, () => rpc(old.url, 'board.append', board));
+    await hanging.waitForRequests(before + EJECT_AFTER);
+    const serving = (door = await old.reload(config));
+    const [event] = (await once(serving, 'ejection')) as [EjectionEvent];
+    assert.equal(event.node, hanging.id);
+    assert.equal(event.ejected, true);
+    assert.deepEqual((await Promise.all(writes)).map((r) => r.status), Array(EJECT_AFTER).fill(502));
+    await old.drained;
+    assert.equal(await ejections(serving, hanging.id), 1, 'in the serving configuration');
+    assert.ok(!(await call(`${serving.url}/health`)).json<{ healthy: string[] }>().healthy.includes(hanging.id));
+  });
+
   it("a hedged read's loser cut off unanswered counts: hedging does not hide a node that hangs", async () => {
     // Every read hedges (at 30 ms, before any sample) and its hedge wins; the loser is cut off
     // 20 ms later. Without counting those, the node would never be ejected.

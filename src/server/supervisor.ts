@@ -900,13 +900,16 @@ export class FrontDoor extends EventEmitter {
         this.keepStopped(message.hints);
         break;
       case 'node-unreachable': {
-        const node = this.nodes[message.node];
-        if (node) this.memberships[node.cluster]!.markUnhealthy(node.id, this.config.unreachableHoldMs ?? DEFAULT_UNREACHABLE_HOLD_MS);
+        const [door, g] = this.judging(message.node);
+        const node = door?.nodes[g];
+        if (node) door!.memberships[node.cluster]!.markUnhealthy(node.id, door!.config.unreachableHoldMs ?? DEFAULT_UNREACHABLE_HOLD_MS);
         break;
       }
-      case 'node-failing':
-        this.nodeFailing(message.node, message.failures, message.code);
+      case 'node-failing': {
+        const [door, g] = this.judging(message.node);
+        door?.nodeFailing(g, message.failures, message.code);
         break;
+      }
       case 'leader-failed': {
         const node = this.nodes[message.node];
         const probe = node ? this.leaderProbes[node.cluster] : null;
@@ -916,6 +919,21 @@ export class FrontDoor extends EventEmitter {
       default:
         break;
     }
+  }
+
+  /**
+   * The front door whose membership judges a report about node `g` (this one's index), and the
+   * node's index there: this one, or, from an old worker still draining after a reload, the one
+   * serving now (the newest), which routes the new requests; null if it has no such node.
+   */
+  private judging(g: number): [FrontDoor | null, number] {
+    let serving: FrontDoor = this;
+    while (serving.successor !== null && !serving.successorStarting) serving = serving.successor;
+    const node = this.nodes[g];
+    if (serving === this || node === undefined) return [this, g];
+    const cluster = this.clusters[node.cluster]!.name;
+    const there = serving.nodes.findIndex((n) => n.id === node.id && serving.clusters[n.cluster]!.name === cluster);
+    return there < 0 ? [null, -1] : [serving, there];
   }
 
   /**
