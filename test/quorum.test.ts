@@ -318,6 +318,9 @@ class Cluster extends Handoff implements ReplicaHost {
   replicaCounted(event: string): void {
     this.counted.push(event);
   }
+  regionName(index: number): string {
+    return ['east', 'west', 'north'][index] ?? '';
+  }
   /** Answers the attempt sent to `id` (the latest one). */
   answer(id: string, status: number, headers: [string, string][] = [], body = ''): void {
     const sent = this.sent.filter((s) => this.ids[s.node] === id).at(-1)!;
@@ -451,6 +454,51 @@ describe('fan-out over a hand-driven cluster', () => {
     cluster.answer('e2', 204);
     assert.equal(owner.calls[0]!.status, 204);
     assert.equal(owner.calls[0]!.acks, 1);
+  });
+
+  it('a read asks no stand-in while the replicas that can be reached make its quorum (a stand-in\'s copy may be stale), and one when they cannot', () => {
+    // Replicas a, b, c; d and e past them; a is down. d stood in for a once, handed its copy
+    // back, and b has since taken a newer write that c missed.
+    const cluster = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    cluster.routable[0] = false;
+    const { owner } = start(cluster, {}, 'GET', null);
+    assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => cluster.sentTo(id)), [0, 1, 1, 0, 0], 'b and c can make two');
+    cluster.answer('c', 200, [['x-lakefront-version', '100']], 'old');
+    assert.equal(owner.calls.length, 0, 'waits for b: a stale pair (c and a stand-in) cannot answer');
+    cluster.answer('b', 200, [['x-lakefront-version', '200']], 'new');
+    assert.equal(owner.calls[0]!.body!.toString(), 'new');
+    // Two replicas down: the one left cannot make two, so a stand-in is asked from the start.
+    const short = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    short.routable[0] = false;
+    short.routable[1] = false;
+    start(short, {}, 'GET', null);
+    assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => short.sentTo(id)), [0, 0, 1, 1, 0]);
+  });
+
+  it('local_quorum: a stand-in from the local region for a remote replica is not a local answer', () => {
+    // Preference: w1, w2, e1 | e2, e3; the front door is in the east (0); the west is down, so
+    // the west replicas' stand-ins come from the east. e1, the key's only east replica, fails.
+    const cluster = new Cluster(['w1', 'w2', 'e1', 'e2', 'e3'], [1, 1, 0, 0, 0], 0);
+    cluster.routable[0] = false;
+    cluster.routable[1] = false;
+    const { owner, set } = start(cluster, { consistency: 'local_quorum' }, 'PUT');
+    assert.deepEqual(['e1', 'e2', 'e3'].map((id) => cluster.sentTo(id)), [1, 1, 1], 'e2 and e3 keep the west\'s hints');
+    cluster.answer('e2', 204);
+    cluster.answer('e3', 204);
+    assert.equal(owner.calls.length, 0, 'no east replica has answered');
+    cluster.answer('e1', 500);
+    assert.equal(owner.calls[0]!.failure!.status, 502);
+    assert.equal(set.hints.pending, 2, 'the stand-ins still keep their hints for the west');
+  });
+
+  it('each_quorum: stand-ins from another region do not make up a region that is down; the 503 names it', () => {
+    const cluster = new Cluster(['e1', 'w1', 'w2', 'e2', 'e3'], [0, 1, 1, 0, 0], 0);
+    cluster.routable[1] = false;
+    cluster.routable[2] = false;
+    const { owner } = start(cluster, { consistency: 'each_quorum' }, 'PUT');
+    assert.equal(owner.calls[0]!.failure!.status, 503);
+    assert.equal(owner.calls[0]!.failure!.message, '1 of this key\'s 3 replicas can be reached (and 2 stand-ins), and a write needs 2 in region "west", where 0 can answer: nothing was sent');
+    assert.equal(cluster.sent.length, 0);
   });
 
   it('no member at all is a 503 at once (each_quorum too)', () => {
@@ -1078,6 +1126,12 @@ describe('replicated route configuration', () => {
   it('refuses a bad quorum with one line naming the value', () => {
     refused({ quorum: { n: 3, w: 1, r: 2 } }, /routes\[0\]\.quorum: w \+ r must exceed n \(1 \+ 2 <= 3\)/);
     refused({ quorum: { n: 4 } }, /quorum\.n: 4 replicas, and cluster "kv" has 3 nodes/);
+    const drained = file({ quorum: { n: 3 } });
+    (drained.clusters[0]!.nodes[2] as Record<string, unknown>).weight = 0;
+    assert.throws(() => parseFileConfig(drained, 'lf.json'), /quorum\.n: 3 replicas, and cluster "kv" has 2 nodes of weight above 0 \(1 of weight 0 hold no keys\)/);
+    const regionless = file({ quorum: { consistency: 'each_quorum' } });
+    delete (regionless.clusters[0]!.nodes[0] as Record<string, unknown>).region;
+    assert.throws(() => parseFileConfig(regionless, 'lf.json'), /quorum\.consistency: each_quorum needs regions, and no node of cluster "kv" has one/);
     refused({ quorum: { consistency: 'all' } }, /quorum\.consistency: unknown level "all"/);
     refused({ quorum: { consistency: 'each_quorum', w: 2 } }, /quorum\.w: applies to consistency "quorum" only/);
     refused({ quorum: { consistency: 'local_quorum' } }, /local_quorum needs the front door's own "region"/);
@@ -1105,6 +1159,7 @@ describe('replicated route configuration', () => {
         settings: defaultSettings(),
       });
     await assert.rejects(start({ ...QUORUM, n: 3 }), /route \/kv\/\*: quorum: n must be a whole number in 1\.\.1/);
+    await assert.rejects(start({ ...QUORUM, n: 1, w: 1, r: 1, consistency: 'each_quorum' }), /route \/kv\/\*: quorum: each_quorum needs regions, and no node of cluster "kv" has one/);
   });
 
   it('refuses a bad node region', () => {

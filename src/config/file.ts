@@ -177,14 +177,16 @@ function affinity(value: unknown, where: string, keyHeader: string | null, membe
 function quorum(value: unknown, where: string, cluster: ClusterConfig, region: string | undefined): QuorumSettings {
   if (!isObject(value)) fail(where, `must be { n?, w?, r?, consistency?, sloppy?, hintWindowSeconds?, maxHintBytes? }, got ${JSON.stringify(value)}`);
   known(value, ['n', 'w', 'r', 'consistency', 'sloppy', 'hintWindowSeconds', 'maxHintBytes'], where);
-  const size = cluster.members.length;
+  // The ring places keys on nodes of weight above 0 only.
+  const size = cluster.members.filter((m) => m.weight !== 0).length;
+  const drained = cluster.members.length - size;
   const whole = (key: string, min: number, max: number): number | undefined => {
     const v = num(value, key, where, min, max);
     if (v !== undefined && !Number.isInteger(v)) fail(field(where, key), `must be a whole number, got ${v}`);
     return v;
   };
   const n = whole('n', 1, 1_000) ?? Math.min(3, size);
-  if (n > size) fail(`${where}.n`, `${n} replicas, and cluster "${cluster.name}" has ${size} node${size === 1 ? '' : 's'}`);
+  if (n > size) fail(`${where}.n`, `${n} replicas, and cluster "${cluster.name}" has ${size} node${size === 1 ? '' : 's'}${drained > 0 ? ` of weight above 0 (${drained} of weight 0 hold no keys)` : ''}`);
   const consistency = (value.consistency ?? 'quorum') as Consistency;
   if (!CONSISTENCY_LEVELS.includes(consistency)) fail(`${where}.consistency`, `unknown level ${JSON.stringify(value.consistency)} (known: ${CONSISTENCY_LEVELS.join(', ')})`);
   if (consistency !== 'quorum') {
@@ -193,6 +195,9 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
   const w = whole('w', 1, n) ?? majority(n);
   const r = whole('r', 1, n) ?? majority(n);
   if (w + r <= n) fail(where, `w + r must exceed n (${w} + ${r} <= ${n}): a read could miss the latest acknowledged write`);
+  if (consistency === 'each_quorum' && cluster.members.every((m) => m.region === undefined)) {
+    fail(`${where}.consistency`, `each_quorum needs regions, and no node of cluster "${cluster.name}" has one (without them it is quorum)`);
+  }
   if (consistency === 'local_quorum') {
     if (region === undefined) fail(`${where}.consistency`, 'local_quorum needs the front door\'s own "region" (top level of the file)');
     if (!cluster.members.some((m) => m.region === region)) fail(`${where}.consistency`, `local_quorum: no node of cluster "${cluster.name}" is in region "${region}"`);

@@ -54,6 +54,8 @@ export interface ReplicaHost extends HandoffHost {
   readonly regionOf: Int32Array;
   /** Region index of the front door's region, or -1 (none, or no node in it). */
   readonly localRegion: number;
+  /** A region's name by index ('' for the nodes without one). */
+  regionName(index: number): string;
   readonly regionCount: number;
   readonly clock: VersionClock;
   replicaCounted(event: 'repair' | 'standIn' | 'failure'): void;
@@ -139,6 +141,12 @@ export class ReplicatedCall implements AttemptSink {
   private readonly isHome: boolean[] = [];
   /** Per target: the replica a write's stand-in covers, or -1. */
   private readonly standInFor: number[] = [];
+  /**
+   * Per target: the region it counts in for the region-aware levels; -1 for a stand-in outside
+   * the region of the replica it covers, which counts toward a majority of all but in no region
+   * (east standing in for a west replica is not a west answer, nor an east replica's).
+   */
+  private readonly countsIn: number[] = [];
   /** Per target: a write's stand-in's room for its hint, or null. */
   private readonly reservations: (Reservation | null)[] = [];
   private readonly states: number[] = [];
@@ -201,16 +209,28 @@ export class ReplicatedCall implements AttemptSink {
     const write = this.op === OP_WRITE;
     this.requirement.set(settings.consistency, write ? settings.w : settings.r, this.list, homes, host.regionOf, host.localRegion);
     for (let i = 0; i < homes; i++) this.used[this.list[i]!] = 1;
+    let reachable = 0;
     for (let i = 0; i < homes; i++) {
       const node = this.list[i]!;
-      if (host.isRoutable(node)) this.addTarget(node, true, -1);
-      else if (settings.sloppy) this.standIn(node);
+      if (host.isRoutable(node)) {
+        this.addTarget(node, true, -1);
+        reachable++;
+      }
+    }
+    // A replica that is down is covered by a stand-in: always for a write (its hint hands the
+    // write back later), for a read only while the replicas that can be reached cannot make its
+    // quorum. A stand-in keeps its copy after handing it back, and a replica may have taken a
+    // newer write since: beside replicas that could answer, its copy could make a stale quorum.
+    if (settings.sloppy) {
+      for (let i = 0; i < homes; i++) {
+        const node = this.list[i]!;
+        if (!host.isRoutable(node) && (write || !this.requirement.possible)) this.standIn(node);
+      }
     }
     if (this.targets.length === 0 || !this.requirement.possible) {
       // Nothing is sent: give back what the stand-ins reserved.
       for (const reservation of this.reservations) if (reservation !== null) this.set.hints.release(reservation);
-      const reach = `${this.targets.length} of this key's ${homes} replica${homes === 1 ? '' : 's'} can be reached (stand-ins included)`;
-      this.decideFailure(ErrorCodes.QUORUM_UNAVAILABLE, 503, `${reach} and ${write ? 'a write' : 'a read'} needs ${this.requirement.required}${this.requirement.required > 1 ? ' of them' : ''} here: nothing was sent`);
+      this.decideFailure(ErrorCodes.QUORUM_UNAVAILABLE, 503, `${this.shortfall(homes, reachable)}: nothing was sent`);
       return;
     }
     // An attempt may fail inside `send` (and a write's stand-in be launched from there): the
@@ -220,6 +240,19 @@ export class ReplicatedCall implements AttemptSink {
     for (let i = 0; i < first; i++) this.launch(i);
     this.beginning = false;
     this.check();
+  }
+
+  /** Why the targets cannot meet the quorum, for a 503 before anything is sent. */
+  private shortfall(homes: number, reachable: number): string {
+    const requirement = this.requirement;
+    const what = this.op === OP_WRITE ? 'a write' : 'a read';
+    const standIns = this.targets.length - reachable;
+    const reach = `${reachable} of this key's ${homes} replica${homes === 1 ? '' : 's'} can be reached${standIns > 0 ? ` (and ${standIns} stand-in${standIns === 1 ? '' : 's'})` : ''}`;
+    const scope = requirement.short;
+    if (scope <= 0) return `${reach}, and ${what} needs ${requirement.required}`;
+    const region = this.set.host.regionName(scope - 1);
+    const place = region === '' ? 'among the replicas without a region' : `in region "${region}"`;
+    return `${reach}, and ${what} needs ${requirement.need[scope]} ${place}, where ${requirement.pending[scope]} can answer`;
   }
 
   /**
@@ -235,7 +268,8 @@ export class ReplicatedCall implements AttemptSink {
       if (reservation !== null) this.set.hints.release(reservation);
       return false;
     }
-    this.addTarget(node, false, write ? home : -1, reservation);
+    const region = this.set.host.regionOf[node]!;
+    this.addTarget(node, false, write ? home : -1, reservation, region === this.set.host.regionOf[home] ? region : -1);
     return true;
   }
 
@@ -260,17 +294,18 @@ export class ReplicatedCall implements AttemptSink {
     return first;
   }
 
-  private addTarget(node: number, home: boolean, standInFor: number, reservation: Reservation | null = null): number {
+  private addTarget(node: number, home: boolean, standInFor: number, reservation: Reservation | null = null, countsIn = this.set.host.regionOf[node]!): number {
     this.targets.push(node);
     this.isHome.push(home);
     this.standInFor.push(standInFor);
+    this.countsIn.push(countsIn);
     this.reservations.push(reservation);
     this.states.push(RUNNING);
     this.handles.push(null);
     this.versions.push('');
     this.statuses.push(0);
     this.running++;
-    this.requirement.add(this.set.host.regionOf[node]!);
+    this.requirement.add(countsIn);
     return this.targets.length - 1;
   }
 
@@ -292,7 +327,7 @@ export class ReplicatedCall implements AttemptSink {
     this.running--;
     const write = this.op === OP_WRITE;
     const fields = headers as HeaderFields;
-    const region = this.set.host.regionOf[this.targets[ordinal]!]!;
+    const region = this.countsIn[ordinal]!;
     this.statuses[ordinal] = status;
     // A read's version, when it has a value to compare (200), or a deletion's (404).
     const version = !write && (status === 200 || status === 404) ? (fields.find(VERSION_HEADER) ?? '') : '';
@@ -344,7 +379,7 @@ export class ReplicatedCall implements AttemptSink {
     this.running--;
     const unsent = isUnsent(error);
     this.states[ordinal] = unsent ? NOT_SENT : FAILED;
-    const region = this.set.host.regionOf[this.targets[ordinal]!]!;
+    const region = this.countsIn[ordinal]!;
     this.requirement.settle(region, false);
     const covered = this.standInFor[ordinal]!;
     const reservation = this.reservations[ordinal]!;

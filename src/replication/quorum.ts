@@ -113,19 +113,19 @@ export class Requirement {
     }
   }
 
-  /** A target in region `region` starts. */
+  /** A target that counts in region `region` starts (-1: it counts in no region, only in all). */
   add(region: number): void {
     this.pending[0]!++;
-    this.pending[1 + region]!++;
+    if (region >= 0) this.pending[1 + region]!++;
   }
 
-  /** A target in region `region` ended: answered (`counts`) or not. */
+  /** A target that counts in region `region` (-1: none) ended: answered (`counts`) or not. */
   settle(region: number, counts: boolean): void {
     this.pending[0]!--;
-    this.pending[1 + region]!--;
+    if (region >= 0) this.pending[1 + region]!--;
     if (counts) {
       this.need[0]!--;
-      this.need[1 + region]!--;
+      if (region >= 0) this.need[1 + region]!--;
     }
   }
 
@@ -143,9 +143,14 @@ export class Requirement {
 
   /** Whether the targets still running could meet every need. */
   get possible(): boolean {
+    return this.short < 0;
+  }
+
+  /** The first scope whose need its running targets cannot meet (0: all; 1 + g: region g), or -1. */
+  get short(): number {
     const { need, pending } = this;
-    for (let s = 0; s < need.length; s++) if (need[s]! > pending[s]!) return false;
-    return true;
+    for (let s = 0; s < need.length; s++) if (need[s]! > pending[s]!) return s;
+    return -1;
   }
 }
 

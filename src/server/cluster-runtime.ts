@@ -245,6 +245,10 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     return this.indexById.get(id) ?? -1;
   }
 
+  regionName(index: number): string {
+    return this.regionNames[index] ?? '';
+  }
+
   /** The index of region `name` among this cluster's nodes, or -1 (none of them is there). */
   regionIndex(name: string | null): number {
     return name === null || name === '' ? -1 : this.regionNames.indexOf(name);

@@ -237,8 +237,14 @@ export class FrontDoor extends EventEmitter {
       const cluster = config.clusters.findIndex((c) => c.name === route.cluster);
       if (cluster < 0) throw new Error(`route ${route.pattern}: unknown cluster "${route.cluster}"`);
       if (OWN_PATHS.includes(route.pattern)) throw new ConfigError(`route ${route.pattern}: the front door answers ${OWN_PATHS.join(', ')} itself`);
-      const problem = route.quorum ? quorumProblem(route.quorum, config.clusters[cluster]!.members.length) : null;
-      if (problem !== null) throw new ConfigError(`route ${route.pattern}: quorum: ${problem}`);
+      // The ring places keys on members of weight above 0 only: n counts those.
+      const members = config.clusters[cluster]!.members;
+      const placing = members.filter((m) => m.weight !== 0).length;
+      const problem = route.quorum ? quorumProblem(route.quorum, placing) : null;
+      if (problem !== null) throw new ConfigError(`route ${route.pattern}: quorum: ${problem}${placing < members.length ? ` (${members.length - placing} of the cluster's nodes have weight 0 and hold no keys)` : ''}`);
+      if (route.quorum?.consistency === 'each_quorum' && members.every((m) => m.region === undefined)) {
+        throw new ConfigError(`route ${route.pattern}: quorum: each_quorum needs regions, and no node of cluster "${route.cluster}" has one (without them it is quorum)`);
+      }
       if (route.quorum && route.policy !== 'ring') throw new ConfigError(`route ${route.pattern}: a replicated route places keys on the ring: policy "ring", not "${route.policy}"`);
       return {
         pattern: route.pattern,
