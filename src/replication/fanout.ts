@@ -11,7 +11,10 @@
  * also with the id of the replica it covers (`x-lakefront-hint-for`), and the front door keeps a
  * hint to hand the write to that replica when it is back. A write to a target that provably never
  * left (connection refused) goes to a stand-in instead; one that may have reached its node is
- * never sent to another. A read goes to the same targets and, when one fails, to a further node.
+ * never sent to another. A read goes to the replicas that can be reached, to stand-ins for the
+ * ones that are down only while those cannot make its quorum, and, when one fails, to a further
+ * node. A stand-in counts in the region of the replica it covers when it is there too, else only
+ * toward a majority of all (`countsIn`).
  *
  * What counts: a write's 2xx; a read's 200, or 404 (no value, or a deletion), from one of the
  * key's replicas, or from a node past them only with a version. A 5xx and a transport failure
