@@ -491,6 +491,18 @@ describe('fan-out over a hand-driven cluster', () => {
     assert.equal(set.hints.pending, 2, 'the stand-ins still keep their hints for the west');
   });
 
+  it('local_quorum: a read does not count a node past the replicas as a local answer, even from the local region', () => {
+    // Preference: w1, w2, e1 | e2, e3; the front door is in the east; e1, the key's only east
+    // replica, is down. e2 may hold a copy of the key from standing in for w1 once, kept after
+    // handing it back: not the east replica's value.
+    const cluster = new Cluster(['w1', 'w2', 'e1', 'e2', 'e3'], [1, 1, 0, 0, 0], 0);
+    cluster.routable[2] = false;
+    const { owner } = start(cluster, { consistency: 'local_quorum' }, 'GET', null);
+    assert.equal(owner.calls[0]!.failure!.status, 503);
+    assert.match(owner.calls[0]!.failure!.message, /a read needs 1 in region "east", where 0 can answer/);
+    assert.equal(cluster.sent.length, 0);
+  });
+
   it('each_quorum: stand-ins from another region do not make up a region that is down; the 503 names it', () => {
     const cluster = new Cluster(['e1', 'w1', 'w2', 'e2', 'e3'], [0, 1, 1, 0, 0], 0);
     cluster.routable[1] = false;

@@ -13,8 +13,8 @@
  * left (connection refused) goes to a stand-in instead; one that may have reached its node is
  * never sent to another. A read goes to the replicas that can be reached, to stand-ins for the
  * ones that are down only while those cannot make its quorum, and, when one fails, to a further
- * node. A stand-in counts in the region of the replica it covers when it is there too, else only
- * toward a majority of all (`countsIn`).
+ * node. A write's stand-in counts in the region of the replica it covers when it is there too;
+ * else, and for a read's, only toward a majority of all (`countsIn`).
  *
  * What counts: a write's 2xx; a read's 200, or 404 (no value, or a deletion), from one of the
  * key's replicas, or from a node past them only with a version. A 5xx and a transport failure
@@ -145,9 +145,11 @@ export class ReplicatedCall implements AttemptSink {
   /** Per target: the replica a write's stand-in covers, or -1. */
   private readonly standInFor: number[] = [];
   /**
-   * Per target: the region it counts in for the region-aware levels; -1 for a stand-in outside
-   * the region of the replica it covers, which counts toward a majority of all but in no region
-   * (east standing in for a west replica is not a west answer, nor an east replica's).
+   * Per target: the region it counts in for the region-aware levels; -1 (toward a majority of all,
+   * in no region) for a write's stand-in outside the region of the replica it covers (east
+   * standing in for a west replica is not a west answer, nor an east replica's), and for any node
+   * past the replicas a read asks: what it holds it may have held for any replica, and kept after
+   * handing it back, so it is no region's answer.
    */
   private readonly countsIn: number[] = [];
   /** Per target: a write's stand-in's room for its hint, or null. */
@@ -272,7 +274,7 @@ export class ReplicatedCall implements AttemptSink {
       return false;
     }
     const region = this.set.host.regionOf[node]!;
-    this.addTarget(node, false, write ? home : -1, reservation, region === this.set.host.regionOf[home] ? region : -1);
+    this.addTarget(node, false, write ? home : -1, reservation, write && region === this.set.host.regionOf[home] ? region : -1);
     return true;
   }
 
@@ -412,17 +414,18 @@ export class ReplicatedCall implements AttemptSink {
   }
 
   /**
-   * A read lost a target: while the quorum needs more, ask further nodes that could count where
-   * it is short (with sloppy quorums; a strict route reads its replicas only).
+   * A read lost a target: while the quorum needs more, ask further nodes (with sloppy quorums; a
+   * strict route reads its replicas only). They count toward a majority of all, never a region's
+   * (see `countsIn`): so a region-aware level short in a region asks no one else.
    */
   private retryRead(): void {
     if (!this.set.settings.sloppy) return;
     const host = this.set.host;
     for (let i = this.homes; i < this.listCount && !this.done && !this.requirement.possible; i++) {
       const node = this.list[i]!;
-      if (this.used[node] !== 0 || !host.isRoutable(node) || !this.requirement.helps(host.regionOf[node]!)) continue;
+      if (this.used[node] !== 0 || !host.isRoutable(node) || !this.requirement.helps(-1)) continue;
       this.used[node] = 1;
-      const ordinal = this.addTarget(node, false, -1);
+      const ordinal = this.addTarget(node, false, -1, null, -1);
       if (!this.beginning) this.launch(ordinal);
     }
   }
