@@ -407,6 +407,10 @@ describe('fan-out over a hand-driven cluster', () => {
     cluster.answer('c', 200, [['x-lakefront-version', '100']], 'v1');
     assert.equal(owner.calls.length, 1);
     assert.equal(owner.calls[0]!.failure!.status, 502, 'one replica\'s v1 is not a quorum: not a stale 200');
+    assert.deepEqual(
+      owner.calls[0]!.failure!.replicas.map((r) => `${r.node}: ${r.outcome}`),
+      ['a: failed 500', 'b: failed 500', 'c: no answer yet', 'd: no copy (404 without a version)', 'e: no copy (404 without a version)'],
+    );
   });
 
   it('a read short in the local region does not ask nodes elsewhere; a strict route asks no one else', () => {

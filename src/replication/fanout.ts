@@ -534,7 +534,9 @@ export class ReplicatedCall implements AttemptSink {
       case NOT_SENT:
         return 'not sent (unreachable)';
       default:
-        return this.statuses[i]! > 0 ? `failed ${this.statuses[i]}` : 'failed';
+        // A node past the replicas whose read answer had no version: it holds nothing of the key.
+        if (!this.isHome[i] && this.op === OP_READ && (this.statuses[i] === 200 || this.statuses[i] === 404)) return `no copy (${this.statuses[i]} without a version)`;
+        return this.statuses[i]! > 0 ? `failed ${this.statuses[i]}` : 'failed (no answer: a timeout or a connection error)';
     }
   }
 
