@@ -108,6 +108,10 @@ export interface EjectionPolicy {
   readonly maxPercent: number;
 }
 
+/** `eject`'s reasons for leaving a member as it is because it is out already (nothing to say). */
+export const ALREADY_EJECTED = 'already ejected';
+export const ALREADY_OUT = 'already out of the ranking';
+
 /** Why `eject` left a member in, or how long it holds it out. */
 export type EjectVerdict =
   | { readonly ejected: true; readonly holdMs: number; readonly streak: number }
@@ -234,8 +238,8 @@ export class Membership extends EventEmitter {
   eject(id: string, policy: EjectionPolicy): EjectVerdict {
     const state = this.stateOf(id);
     const now = performance.now();
-    if (state.ejected) return { ejected: false, reason: 'already ejected' };
-    if (!state.healthy) return { ejected: false, reason: 'already out of the ranking' };
+    if (state.ejected) return { ejected: false, reason: ALREADY_EJECTED };
+    if (!state.healthy) return { ejected: false, reason: ALREADY_OUT };
     let out = 0;
     let routable = 0;
     for (const other of this.states.values()) {

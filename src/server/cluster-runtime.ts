@@ -401,14 +401,14 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       if (typeof code === 'string') this.failedWith(node, code);
       // An answer (a 502, 503 or 504, given as its status) is the node there.
       if (typeof error === 'number') this.answered(g);
-      else this.failing(node, op, nodeFailure(error));
+      else this.failing(g, op, nodeFailure(error));
       return;
     }
     if (error === null) this.answered(g);
     // A hedge loser cut off after its grace, unanswered: as a timeout of its own (Envoy reports a
     // hedge's per-try timeout so). Else hedging would hide a node that hangs: every hedged read's
     // hedge wins, and its loser counted neither way. (Cancelled for its client: neither way.)
-    else if (error === CUT_OFF) this.failing(node, op, CUT_OFF.code);
+    else if (error === CUT_OFF) this.failing(g, op, CUT_OFF.code);
     if (latencyMs >= 0) {
       this.windows[node]!.record(latencyMs);
       this.histograms.record(g, latencyMs * 1000);
@@ -416,16 +416,15 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   }
 
   /**
-   * An attempt at `node` ended with no answer: `code` if it was the node's failure (null: the
+   * An attempt at node `g` (global index) ended with no answer: `code` if it was the node's failure (null: the
    * front door's own, which counts neither way). Every `ejectAfter`-th in a row is reported for
    * ejection. Not a write on a leader-based cluster (etcd): a write sent to any member waits on
    * the leader (a follower forwards it), so a stalled leader would eject the member it went to;
    * and the leader takes the writes whatever (one that cannot be reached is cleared as such,
    * above): ejecting it would only take it off reads too.
    */
-  private failing(node: number, op: number, code: string | null): void {
+  private failing(g: number, op: number, code: string | null): void {
     if (code === null || this.ejectAfter === 0 || (op === OP_WRITE && this.leaderBased)) return;
-    const g = this.globalIndex[node]!;
     // Every thread counts into one row: exactly one of them sees each multiple, and reports it.
     const failures = Atomics.add(this.failuresInRow, g, 1) + 1;
     if (failures % this.ejectAfter === 0) this.reports.nodeFailing(g, failures, code);

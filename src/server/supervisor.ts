@@ -16,7 +16,7 @@ import { performance } from 'node:perf_hooks';
 import { Worker } from 'node:worker_threads';
 import { ConfigError, jsonProblem } from '../errors.js';
 import { openAccessLog } from './access-log.js';
-import { Membership, type EjectionPolicy, type EjectVerdict, type MemberConfig } from '../membership/membership.js';
+import { ALREADY_EJECTED, ALREADY_OUT, Membership, type EjectionPolicy, type EjectVerdict, type MemberConfig } from '../membership/membership.js';
 import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, TableWriter, type NodeRow } from '../membership/table.js';
 import { C_HINTS_EXPIRED, C_HINTS_LOST, CounterSlot, addTotals, counterBytes, endedTotals, readTotals, totalsById, type TotalsById } from '../metrics/counters.js';
 import { mergeSummaries } from '../metrics/histograms.js';
@@ -510,8 +510,7 @@ export class FrontDoor extends EventEmitter {
   async stats(): Promise<Record<string, unknown>> {
     // Asked of an old worker during a reload's drain: answered for the configuration serving
     // (the newest front door, after several reloads).
-    let serving: FrontDoor = this;
-    while (serving.successor !== null && !serving.successorStarting) serving = serving.successor;
+    const serving = this.serving;
     if (serving !== this) return serving.stats();
     // Draining front doors' workers add their batched counts too (the collection flushes them);
     // one that does not answer soon (stuck) is not waited for long.
@@ -743,9 +742,10 @@ export class FrontDoor extends EventEmitter {
   }
 
   /**
-   * Nodes `predecessor` holds out (an attempt could not reach them) stay out here until their
-   * hold ends: this door's first probe would otherwise bring back a node that passes its probe
-   * but refused requests a moment ago. Matched by cluster name and node id.
+   * Nodes `predecessor` holds out (an attempt could not reach them, or they were ejected) stay out
+   * here until their hold ends: this door's first probe would otherwise bring back a node that
+   * passes its probe but failed requests a moment ago. Their ejection counts come along too
+   * (Membership.adopt). Matched by cluster name and node id.
    */
   private carryHolds(predecessor: FrontDoor): void {
     this.config.clusters.forEach((cluster, i) => {
@@ -927,14 +927,20 @@ export class FrontDoor extends EventEmitter {
     }
   }
 
+  /** The configuration serving: this one, or after reloads the newest that has started. */
+  private get serving(): FrontDoor {
+    let serving: FrontDoor = this;
+    while (serving.successor !== null && !serving.successorStarting) serving = serving.successor;
+    return serving;
+  }
+
   /**
    * The front door whose membership judges a report about node `g` (this one's index), and the
    * node's index there: this one, or, from an old worker still draining after a reload, the one
    * serving now (the newest), which routes the new requests; null if it has no such node.
    */
   private judging(g: number): [FrontDoor | null, number] {
-    let serving: FrontDoor = this;
-    while (serving.successor !== null && !serving.successorStarting) serving = serving.successor;
+    const serving = this.serving;
     const node = this.nodes[g];
     if (serving === this || node === undefined) return [this, g];
     const cluster = this.clusters[node.cluster]!.name;
@@ -959,7 +965,7 @@ export class FrontDoor extends EventEmitter {
       process.stderr.write(`${what} ejected for ${verdict.holdMs / 1000} s${streak}, then until a health probe passes: ${why}\n`);
       return;
     }
-    if (verdict.reason === 'already ejected' || verdict.reason === 'already out of the ranking') return;
+    if (verdict.reason === ALREADY_EJECTED || verdict.reason === ALREADY_OUT) return;
     const now = performance.now();
     if (now - (this.keptInSaidAt.get(g) ?? -Infinity) < this.ejection.baseMs) return;
     this.keptInSaidAt.set(g, now);
