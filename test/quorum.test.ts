@@ -290,6 +290,8 @@ class Cluster extends Handoff implements ReplicaHost {
   order: number[];
   /** Nodes whose attempts fail inside send, provably unsent (a closed client, a bad path). */
   failInside = new Set<number>();
+  /** Nodes some worker holds a hint for. */
+  held = new Set<number>();
   counted: string[] = [];
   constructor(
     readonly ids: string[],
@@ -317,6 +319,9 @@ class Cluster extends Handoff implements ReplicaHost {
   }
   replicaCounted(event: string): void {
     this.counted.push(event);
+  }
+  hintsHeldFor(node: number): boolean {
+    return this.held.has(node);
   }
   regionName(index: number): string {
     return ['east', 'west', 'north'][index] ?? '';
@@ -477,6 +482,33 @@ describe('fan-out over a hand-driven cluster', () => {
     short.routable[1] = false;
     start(short, {}, 'GET', null);
     assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => short.sentTo(id)), [0, 0, 1, 1, 0]);
+  });
+
+  it('while a hint for one of its replicas waits, a read asks every node past them and answers the newest once all have answered', () => {
+    // Replicas a, b, c; d and e past them. a and b were down for a write that c and d (standing
+    // in for a) acknowledged; they are back, and a's hint has not reached it yet.
+    const cluster = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    cluster.held.add(0);
+    const { owner } = start(cluster, {}, 'GET', null);
+    assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => cluster.sentTo(id)), [1, 1, 1, 1, 1], 'every node past the replicas too');
+    cluster.answer('a', 404);
+    cluster.answer('b', 404);
+    assert.equal(owner.calls.length, 0, 'a and b make two, but an acknowledged write may be elsewhere');
+    cluster.answer('d', 200, [['x-lakefront-version', '300']], 'new');
+    cluster.answer('e', 404);
+    assert.equal(owner.calls.length, 0, 'c has not answered');
+    cluster.answer('c', 200, [['x-lakefront-version', '100']], 'old');
+    const call = owner.calls[0]!;
+    assert.equal(call.status, 200);
+    assert.equal(call.body!.toString(), 'new');
+    assert.equal(call.servedBy, 3);
+    // The replicas that answered older (a and b with nothing, c) are repaired; d and e are not.
+    assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => cluster.sentTo(id)), [2, 2, 2, 1, 1]);
+    assert.equal(cluster.sent.at(-1)!.request.method, 'PUT');
+    // No hint waiting: the replicas alone, as before.
+    const calm = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    start(calm, {}, 'GET', null);
+    assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => calm.sentTo(id)), [1, 1, 1, 0, 0]);
   });
 
   it('local_quorum: a stand-in from the local region for a remote replica is not a local answer', () => {
@@ -818,6 +850,89 @@ describe('replicated route under faults: reads see the last acknowledged write',
   });
 });
 
+describe('replicated route: reads while a hint waits', () => {
+  it('a write only stand-ins and a replica now down acknowledged is read back from any worker until its hints are handed over', async () => {
+    const nodes = await startReplicas('h-a', 'h-b', 'h-c', 'h-d', 'h-e');
+    const ids = nodes.map((n) => n.id);
+    const door = await FrontDoor.start(storeConfig(nodes));
+    const membership = door.memberships[0]!;
+    const key = '/kv/held';
+    const [a, b, c, d, e] = preference(ids, key).map((id) => nodes.find((n) => n.id === id)!);
+    try {
+      // a and b down: c and the stand-ins d and e take the write.
+      a!.healthy = b!.healthy = false;
+      await membership.probeOnce();
+      const put = await call(`${door.url}${key}`, { method: 'PUT', body: 'fresh' });
+      assert.equal(put.status, 204, put.text);
+      for (const node of [c!, d!, e!]) while (node.store.get(key)?.body !== 'fresh') await once(node, 'request');
+      // Then c goes down, and a and b come back but refuse their hints (any write) for now: the
+      // replicas that can answer make a quorum of two, and neither holds the write.
+      a!.behaviour = b!.behaviour = { kind: 'replica', failWrites: true };
+      a!.healthy = b!.healthy = true;
+      c!.healthy = false;
+      await membership.probeOnce();
+      const pastBefore = d!.hits('/kv/') + e!.hits('/kv/');
+      // Fresh connections: the two workers both answer some of these (the write went through one).
+      for (let i = 0; i < 8; i++) {
+        const got = await call(`${door.url}${key}`, { fresh: true });
+        assert.equal(got.status, 200, `read ${i}: ${got.text}`);
+        assert.equal(got.text, 'fresh', `read ${i}`);
+      }
+      assert.equal(d!.hits('/kv/') + e!.hits('/kv/') - pastBefore, 16, 'each read asked d and e');
+      // a and b take writes again: their hints reach them, and reads go to the replicas alone.
+      a!.behaviour = b!.behaviour = { kind: 'replica' };
+      const pending = async () => (await call(`${door.url}/stats`)).json<{ quorum: { hints: { pending: number } } }>().quorum.hints.pending;
+      // (Each /stats flushes the workers' counts first.)
+      while ((await pending()) > 0);
+      assert.equal(a!.store.get(key)?.body, 'fresh');
+      const pastAfter = d!.hits('/kv/') + e!.hits('/kv/');
+      for (let i = 0; i < 4; i++) assert.equal((await call(`${door.url}${key}`, { fresh: true })).text, 'fresh');
+      assert.equal(d!.hits('/kv/') + e!.hits('/kv/'), pastAfter, 'no hint waits: the nodes past the replicas are not asked');
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
+  it('after a reload, reads know the hints the draining front door still holds', async () => {
+    const nodes = await startReplicas('hr-a', 'hr-b', 'hr-c', 'hr-d', 'hr-e');
+    const ids = nodes.map((n) => n.id);
+    const config = storeConfig(nodes, { threads: 1 });
+    const key = '/kv/held';
+    const [a, b, c] = preference(ids, key).map((id) => nodes.find((n) => n.id === id)!);
+    const first = await FrontDoor.start(config);
+    let second: FrontDoor | null = null;
+    let held: Socket | null = null;
+    try {
+      a!.healthy = b!.healthy = false;
+      await first.memberships[0]!.probeOnce();
+      assert.equal((await call(`${first.url}${key}`, { method: 'PUT', body: 'fresh' })).status, 204);
+      a!.behaviour = b!.behaviour = { kind: 'replica', failWrites: true };
+      a!.healthy = b!.healthy = true;
+      c!.healthy = false;
+      await first.memberships[0]!.probeOnce();
+      // A write that never finishes keeps the old worker draining, with its hints.
+      held = await holdWrite(first, ((await first.stats()) as { requests: number }).requests + 1);
+      // The new configuration says who served a read: its reads carry x-forwarded-for.
+      second = await first.reload({ ...config, settings: { ...config.settings, forwardedFor: true } });
+      const servedBySecond = () => a!.received.some((r) => r.method === 'GET' && r.headers['x-forwarded-for'] !== undefined);
+      // The old worker stops taking connections once its drain begins: read until the new one answers.
+      for (let i = 0; !servedBySecond(); i++) {
+        assert.ok(i < 50, 'the new front door took none of 50 connections');
+        const got = await call(`${second.url}${key}`, { fresh: true });
+        assert.equal(got.text, 'fresh', `read ${i} (${got.status})`);
+      }
+      assert.equal(first.hintsLost(), 0);
+    } finally {
+      held?.destroy();
+      await first.stop();
+      await first.drained.catch(() => undefined);
+      await second?.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+});
+
 describe('replicated route: hints saved at a stop', () => {
   it('a stop saves the hints not yet handed over, and the next start hands them over', async () => {
     const nodes = await startReplicas('s-a', 's-b', 's-c', 's-d');
@@ -980,6 +1095,11 @@ describe('replicated route: hints saved at a stop', () => {
       type Hints = { pending: number; lost: number };
       const hints = async (): Promise<Hints> => ((await door.stats()) as { quorum: { hints: Hints } }).quorum.hints;
       while ((await hints()).pending === 0);
+      // While the hint waits, a read asks the node past the replicas (the stand-in) too.
+      const past = nodes.find((n) => n.id === preference(ids, key)[3])!;
+      const asked = past.hits('/kv/');
+      assert.equal((await call(`${door.url}${key}`)).text, 'gone');
+      assert.equal(past.hits('/kv/'), asked + 1);
       const exited = once(door, 'worker-exit');
       const replaced = once(door, 'worker-replaced');
       door.crashWorker(1);
@@ -988,6 +1108,9 @@ describe('replicated route: hints saved at a stop', () => {
       await replaced;
       assert.deepEqual(await hints(), { ...(await hints()), pending: 0, lost: 1 });
       assert.equal(door.hintsLostWithWorkers, 1);
+      // The hint went with the worker: reads ask the replicas alone again.
+      assert.equal((await call(`${door.url}${key}`)).status, 200);
+      assert.equal(past.hits('/kv/'), asked + 1, 'no hint is held any more');
     } finally {
       await door.stop();
       await Promise.all(nodes.map((n) => n.stop()));

@@ -13,7 +13,9 @@
  * left (connection refused) goes to a stand-in instead; one that may have reached its node is
  * never sent to another. A read goes to the replicas that can be reached, to stand-ins for the
  * ones that are down only while those cannot make its quorum, and, when one fails, to a further
- * node. A write's stand-in counts in the region of the replica it covers when it is there too;
+ * node; and while a hint for one of its replicas waits (that replica missed a write a stand-in
+ * took), to every node past them it can reach, and then it waits for all its targets. A write's
+ * stand-in counts in the region of the replica it covers when it is there too;
  * else, and for a read's, only toward a majority of all (`countsIn`).
  *
  * What counts: a write's 2xx; a read's 200, or 404 (no value, or a deletion), from one of the
@@ -60,6 +62,8 @@ export interface ReplicaHost extends HandoffHost {
   /** A region's name by index ('' for the nodes without one). */
   regionName(index: number): string;
   readonly regionCount: number;
+  /** Whether any worker of the front door holds a hint for `node` (hints.ts `HeldHints`). */
+  hintsHeldFor(node: number): boolean;
   readonly clock: VersionClock;
   replicaCounted(event: 'repair' | 'standIn' | 'failure'): void;
 }
@@ -160,6 +164,11 @@ export class ReplicatedCall implements AttemptSink {
   private readonly versions: string[] = [];
   private readonly statuses: number[] = [];
   private running = 0;
+  /**
+   * A read that asked every node past its replicas (a hint for one of them waits): it answers
+   * once every target has, the newest of all.
+   */
+  private waitsForAll = false;
   /** Inside `begin`: outcomes wait for every first target to be launched. */
   private beginning = false;
   /** A read's repair has been sent (once, when every target has answered). */
@@ -231,6 +240,7 @@ export class ReplicatedCall implements AttemptSink {
         const node = this.list[i]!;
         if (!host.isRoutable(node) && (write || !this.requirement.possible)) this.standIn(node);
       }
+      if (!write && this.hintWaits()) this.askPastReplicas();
     }
     if (this.targets.length === 0 || !this.requirement.possible) {
       // Nothing is sent: give back what the stand-ins reserved.
@@ -245,6 +255,32 @@ export class ReplicatedCall implements AttemptSink {
     for (let i = 0; i < first; i++) this.launch(i);
     this.beginning = false;
     this.check();
+  }
+
+  /** Whether a hint waits for one of the key's replicas, in any worker. */
+  private hintWaits(): boolean {
+    for (let i = 0; i < this.homes; i++) if (this.set.host.hintsHeldFor(this.list[i]!)) return true;
+    return false;
+  }
+
+  /**
+   * A replica of the key missed a write a stand-in took, and has not been handed it yet: that
+   * write may have been acknowledged by stand-ins and replicas that cannot answer now, so the
+   * replicas that can may all hold older values (Dynamo's sloppy quorum gives no more). Every
+   * node past the replicas that can be reached is asked too (a stand-in came from among them),
+   * and the answer waits for all targets: the newest of them all is the answer. A node past the
+   * replicas may also hold an old copy, from standing in for another write; waiting for everyone,
+   * it cannot outvote a newer one.
+   */
+  private askPastReplicas(): void {
+    const host = this.set.host;
+    for (let i = this.homes; i < this.listCount; i++) {
+      const node = this.list[i]!;
+      if (this.used[node] !== 0 || !host.isRoutable(node)) continue;
+      this.used[node] = 1;
+      this.addTarget(node, false, -1, null, -1);
+    }
+    this.waitsForAll = true;
   }
 
   /** Why the targets cannot meet the quorum, for a 503 before anything is sent. */
@@ -454,7 +490,7 @@ export class ReplicatedCall implements AttemptSink {
     // Targets added inside `begin` (a read's further nodes) go out before anything is decided.
     for (let i = 0; i < this.targets.length && !this.done; i++) if (this.handles[i] === null && this.states[i] === RUNNING) this.launch(i);
     if (!this.done) {
-      if (this.requirement.met) this.decideAnswer();
+      if (this.requirement.met && (!this.waitsForAll || this.running === 0)) this.decideAnswer();
       else if (!this.requirement.possible && !this.mayAllRefuse()) this.decideShortfall();
     }
     if (this.running === 0 && this.op === OP_READ && !this.repaired) {

@@ -26,7 +26,8 @@ export interface HandoffHost {
   /** Re-read the membership table if it changed (a tick may come with no request to do it). */
   refresh(): void;
   send(sink: AttemptSink, node: number, ordinal: number, request: UpstreamRequest): AttemptHandle;
-  hintCounted(event: HintEvent): void;
+  /** A hint for replica `node` was stored (`stored`), or left this store (every other event). */
+  hintCounted(event: HintEvent, node: number): void;
 }
 
 /** `lost`: forgotten as the worker stopped; `saved`: handed over for saving as it stopped. */
@@ -169,7 +170,7 @@ export class HintStore {
     this.queues[reservation.node]!.push({ request, bytes, expiresAt: this.now() + this.windowMs, state: WAITING });
     this.bytes += bytes;
     this.count++;
-    this.host.hintCounted('stored');
+    this.host.hintCounted('stored', reservation.node);
     this.arm();
   }
 
@@ -230,7 +231,7 @@ export class HintStore {
     this.queues[record.node]!.push({ request: record.request, bytes, expiresAt, state: WAITING });
     this.bytes += bytes;
     this.count++;
-    this.host.hintCounted('stored');
+    this.host.hintCounted('stored', record.node);
     this.arm();
     return true;
   }
@@ -244,10 +245,12 @@ export class HintStore {
     if (this.timer !== null) clearTimeout(this.timer);
     this.timer = null;
     const lost = this.count;
-    for (let i = 0; i < lost; i++) this.host.hintCounted(saved ? 'saved' : 'lost');
+    this.queues.forEach((queue, node) => {
+      for (const hint of queue) if (hint.state !== DONE) this.host.hintCounted(saved ? 'saved' : 'lost', node);
+      queue.length = 0;
+    });
     this.count = this.bytes = this.reserved = 0;
     this.reservations.clear();
-    for (const queue of this.queues) queue.length = 0;
     this.doneBehind.fill(0);
     return lost;
   }
@@ -306,7 +309,7 @@ export class HintStore {
     this.doneBehind[node]!++;
     this.bytes -= hint.bytes;
     this.count--;
-    this.host.hintCounted(outcome);
+    this.host.hintCounted(outcome, node);
   }
 
   private arm(): void {
@@ -318,5 +321,67 @@ export class HintStore {
       this.deliver();
       if (this.count > 0) this.arm();
     }, this.retryMs).unref();
+  }
+}
+
+/** Another front door's hint rows (HeldHints), as a reload's successor reads its predecessor's. */
+export interface HeldRows {
+  readonly buffer: SharedArrayBuffer;
+  readonly slots: number;
+  readonly nodes: number;
+  /** Per node (global index here): its index there, or -1. */
+  readonly map: Int32Array;
+}
+
+/**
+ * Which replicas some worker thread of this front door holds hints for (WorkerInit.hintsHeld):
+ * one row of Int32 lanes a worker slot, one lane a node (global index). A worker counts into its
+ * own row only (Atomics); asking sums every row, so a read in any thread learns that a replica of
+ * its key may have missed an acknowledged write. The control plane zeroes the row of a worker that
+ * ended (`clear`): its hints went with it, or were handed back.
+ *
+ * After a reload the predecessor's workers keep their hints (and deliver them) until their drain
+ * ends, then hand them over: until then asking reads the predecessor's rows too (`prior`).
+ */
+export class HeldHints {
+  private readonly lanes: Int32Array;
+  private readonly own: number;
+  private readonly priorLanes: Int32Array | null;
+
+  constructor(
+    buffer: SharedArrayBuffer,
+    private readonly slots: number,
+    private readonly nodes: number,
+    slot: number,
+    private readonly prior: HeldRows | null = null,
+  ) {
+    this.lanes = new Int32Array(buffer, 0, slots * nodes);
+    this.own = slot * nodes;
+    this.priorLanes = prior === null ? null : new Int32Array(prior.buffer, 0, prior.slots * prior.nodes);
+  }
+
+  static bytes(slots: number, nodes: number): number {
+    return 4 * slots * nodes;
+  }
+
+  /** Zeroes `slot`'s row (its worker ended). */
+  static clear(buffer: SharedArrayBuffer, nodes: number, slot: number): void {
+    const lanes = new Int32Array(buffer, 4 * slot * nodes, nodes);
+    for (let i = 0; i < nodes; i++) Atomics.store(lanes, i, 0);
+  }
+
+  add(node: number, delta: number): void {
+    Atomics.add(this.lanes, this.own + node, delta);
+  }
+
+  /** Whether any worker holds a hint for `node` (a reload's predecessor's included). */
+  any(node: number): boolean {
+    for (let s = 0; s < this.slots; s++) if (Atomics.load(this.lanes, s * this.nodes + node) > 0) return true;
+    const prior = this.prior;
+    if (prior === null) return false;
+    const there = prior.map[node]!;
+    if (there < 0) return false;
+    for (let s = 0; s < prior.slots; s++) if (Atomics.load(this.priorLanes!, s * prior.nodes + there) > 0) return true;
+    return false;
   }
 }

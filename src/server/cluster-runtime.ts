@@ -11,7 +11,7 @@ import { H1Codes, type H1Agent } from '../forward/h1.js';
 import { createTransport, CUT_OFF, type AttemptObserver, type AttemptSink, type NodeTransport, type UpstreamRequest } from '../forward/upstream.js';
 import { HashRing } from '../hashing/ring.js';
 import type { ReplicaHost } from '../replication/fanout.js';
-import type { HintEvent } from '../replication/hints.js';
+import type { HeldHints, HintEvent } from '../replication/hints.js';
 import type { VersionClock } from '../replication/quorum.js';
 import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, type NodeRow } from '../membership/table.js';
 import {
@@ -77,6 +77,8 @@ export interface ReplicationContext {
   readonly region: string | null;
   /** Re-read the membership table if it moved (the hint handoff's ticks). */
   refresh(): void;
+  /** The hints every worker holds, by replica. */
+  readonly held: HeldHints;
 }
 
 /** What a runtime tells the control plane about its nodes (the worker posts each on). */
@@ -315,6 +317,10 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     this.replication?.refresh();
   }
 
+  hintsHeldFor(node: number): boolean {
+    return this.replication?.held.any(this.globalIndex[node]!) ?? false;
+  }
+
   /** One attempt at `node` for anyone but an exchange (replicated fan-out, hints, repairs). */
   send(sink: AttemptSink, node: number, ordinal: number, request: UpstreamRequest): AttemptHandle {
     const g = this.globalIndex[node]!;
@@ -328,7 +334,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     this.slot.bumpNode(this.globalIndex[node]!, N_WINS);
   }
 
-  hintCounted(event: HintEvent): void {
+  hintCounted(event: HintEvent, node: number): void {
+    this.replication?.held.add(this.globalIndex[node]!, event === 'stored' ? 1 : -1);
     const slot = this.slot;
     if (event === 'stored') slot.bump(C_HINTS_PENDING);
     // Handed back as the worker stops: still pending, in this slot, until the control plane has

@@ -34,6 +34,7 @@ import { loadUws, type Uws } from './uws.js';
 import { WebSocketTunnels, type TunnelHost } from './websocket.js';
 import { TicketBook } from '../affinity/tickets.js';
 import { ReplicaSet, type ReplicatedCall, type ReplicatedOwner } from '../replication/fanout.js';
+import { HeldHints } from '../replication/hints.js';
 import { ACKS_HEADER, VersionClock } from '../replication/quorum.js';
 import { AccessLog, asciiJson } from './access-log.js';
 import { clientAddress } from './client-address.js';
@@ -491,7 +492,12 @@ export class WorkerFront implements TunnelHost {
     this.histograms = new NodeHistograms(init.nodes.length);
     this.agent = new H1Agent(sweepPeriodMs(init.settings.requestTimeoutMs));
     const failuresInRow = new Int32Array(init.failuresInRow);
-    const replication = { clock: new VersionClock(init.versionSalt + init.slot), region: init.region, refresh: () => this.refresh() };
+    const replication = {
+      clock: new VersionClock(init.versionSalt + init.slot),
+      region: init.region,
+      refresh: () => this.refresh(),
+      held: new HeldHints(init.hintsHeld, init.counterSlots, init.nodes.length, init.slot, init.priorHintsHeld),
+    };
     this.runtimes = init.clusters.map(
       (spec) =>
         new ClusterRuntime(

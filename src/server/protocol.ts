@@ -4,6 +4,7 @@
  * request; per-request state lives in shared memory (membership/table.ts, metrics/counters.ts).
  */
 import type { AffinitySettings } from '../affinity/tickets.js';
+import type { HeldRows } from '../replication/hints.js';
 import type { QuorumSettings } from '../replication/quorum.js';
 
 /** Operation classes a route's classifier assigns. */
@@ -138,6 +139,13 @@ export interface WorkerInit {
    * consecutive-failure counters do across its workers.
    */
   readonly failuresInRow: SharedArrayBuffer;
+  /**
+   * Hints held per replica, one row a counter slot (replication/hints.ts `HeldHints`): a read
+   * in any worker asks the nodes past its key's replicas while one of them has a hint waiting.
+   */
+  readonly hintsHeld: SharedArrayBuffer;
+  /** After a reload: the predecessor's hint rows, read until its drain hands its hints over. */
+  readonly priorHintsHeld: HeldRows | null;
   readonly counterSlots: number;
   readonly nodes: readonly NodeSpec[];
   readonly clusters: readonly ClusterSpec[];

@@ -23,6 +23,7 @@ import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
 import { EtcdLeaderProbe } from '../membership/leader.js';
 import { quorumProblem, type QuorumSettings } from '../replication/quorum.js';
+import { HeldHints, type HeldRows } from '../replication/hints.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, SavedHint, WorkerInit, WorkerMessage } from './protocol.js';
 import { OWN_PATHS } from './protocol.js';
 import { DEFAULT_EJECT_MAX_PERCENT, DEFAULT_EJECT_MS, DEFAULT_UNREACHABLE_HOLD_MS, MAX_EJECT_MS } from './settings.js';
@@ -140,6 +141,10 @@ export class FrontDoor extends EventEmitter {
   private readonly counters: SharedArrayBuffer;
   /** Failed attempts in a row per node, counted by every worker (WorkerInit.failuresInRow). */
   private readonly failuresInRow: SharedArrayBuffer;
+  /** Hints held per replica by each worker (WorkerInit.hintsHeld); a row is zeroed as its worker ends. */
+  private readonly hintsHeld: SharedArrayBuffer;
+  /** A reload's predecessor's hint rows, while it drains (WorkerInit.priorHintsHeld). */
+  private priorHintsHeld: HeldRows | null = null;
   private readonly counterSlots: number;
   private readonly workers = new Map<number, WorkerHandle>();
   private readonly collections = new Map<number, Collection>();
@@ -262,6 +267,7 @@ export class FrontDoor extends EventEmitter {
     this.counterSlots = config.threads + 1;
     this.counters = new SharedArrayBuffer(counterBytes(this.counterSlots, this.nodes.length));
     this.failuresInRow = new SharedArrayBuffer(4 * this.nodes.length);
+    this.hintsHeld = new SharedArrayBuffer(HeldHints.bytes(this.counterSlots, this.nodes.length));
     const mainSlot = (this.mainSlot = new CounterSlot(this.counters, 0, this.nodes.length));
     this.router = new Router(
       {
@@ -332,6 +338,7 @@ export class FrontDoor extends EventEmitter {
     const next = new FrontDoor({ ...config, port: this.port });
     next.inheritsPort = true;
     next.carryHolds(this);
+    next.priorHintsHeld = next.heldRowsOf(this);
     // Known from the start: closeNow on this one reaches a successor still starting.
     this.successor = next;
     this.successorStarting = true;
@@ -365,6 +372,7 @@ export class FrontDoor extends EventEmitter {
     void next.predecessorDone.then(() => {
       next.carry(this);
       next.predecessor = null;
+      next.priorHintsHeld = null;
     });
     this.drained = handover;
     // Rejected when a worker is stuck: whoever awaits `drained` hears of it, nobody else must.
@@ -759,6 +767,18 @@ export class FrontDoor extends EventEmitter {
     });
   }
 
+  /**
+   * `predecessor`'s hint rows, as this configuration's node indices map onto its (by cluster name
+   * and node id): its workers keep their hints until their drain ends, and reads here must know.
+   */
+  private heldRowsOf(predecessor: FrontDoor): HeldRows {
+    const map = new Int32Array(this.nodes.length).fill(-1);
+    const before = new Map<string, number>();
+    predecessor.nodes.forEach((node, g) => before.set(`${predecessor.clusters[node.cluster]!.name}\n${node.id}`, g));
+    this.nodes.forEach((node, g) => (map[g] = before.get(`${this.clusters[node.cluster]!.name}\n${node.id}`) ?? -1));
+    return { buffer: predecessor.hintsHeld, slots: predecessor.counterSlots, nodes: predecessor.nodes.length, map };
+  }
+
   private publish(): void {
     const rows: NodeRow[] = [];
     this.memberships.forEach((membership, clusterIndex) => {
@@ -814,6 +834,8 @@ export class FrontDoor extends EventEmitter {
       table: this.table.buffer,
       counters: this.counters,
       failuresInRow: this.failuresInRow,
+      hintsHeld: this.hintsHeld,
+      priorHintsHeld: this.priorHintsHeld,
       counterSlots: this.counterSlots,
       nodes: this.nodes,
       clusters: this.clusters,
@@ -864,6 +886,7 @@ export class FrontDoor extends EventEmitter {
     // Attempts it had in flight end with it (a worker cut short by closeNow or a crash cannot
     // count them down itself), and so do the hints it still kept (a drained one kept none).
     const lost = new CounterSlot(this.counters, handle.slot, this.nodes.length).resetInflight(this.nodes.length);
+    HeldHints.clear(this.hintsHeld, this.nodes.length, handle.slot);
     this.mainSlot.bump(C_HINTS_LOST, lost);
     this.mainSlot.flush();
     this.hintsLostWithWorkers += lost;
