@@ -163,6 +163,21 @@ describe('what counts toward ejection, and what does not', () => {
   }
   const ejections = async (front: FrontDoor, id: string) => (await call(`${front.url}/stats`)).json<{ nodes: Record<string, { ejections: number }> }>().nodes[id]!.ejections;
 
+  it('a worker stalled past the request timeout reads the answers that came meanwhile before it judges timeouts', async () => {
+    // The answer comes 50 ms in, while the worker is stuck for 600 ms (a long pause): its timeout
+    // sweep is overdue when it wakes, but the answer is already in the socket.
+    const front = await start({ requestTimeoutMs: 200, hedgeMode: 'off' });
+    const board = await boardOf(front, nodes[0]!);
+    nodes[0]!.behaviour = { kind: 'answer', delayMs: 50 };
+    const replies = [0, 1, 2].map(() => rpc(front.url, 'board.append', board));
+    while (nodes[0]!.received.length < 3) await once(nodes[0]!, 'request');
+    front.hangWorker(1, 600);
+    for (const reply of await Promise.all(replies)) assert.equal(reply.status, 200, reply.text);
+    assert.equal(await ejections(front, nodes[0]!.id), 0);
+    const counted = (await call(`${front.url}/stats`)).json<{ nodes: Record<string, { failures: number }> }>().nodes[nodes[0]!.id]!;
+    assert.equal(counted.failures, 0, 'no attempt failed');
+  });
+
   it('counts failures in a row across worker threads, as one count a node', async () => {
     const front = await start({ requestTimeoutMs: 150, hedgeMode: 'off' }, 4);
     const [hanging] = nodes as [FakeNode];
@@ -216,6 +231,24 @@ describe('what counts toward ejection, and what does not', () => {
     assert.equal(event.node, hanging.id);
     assert.equal(event.code, 'LF_ERR_ATTEMPT_CUT_OFF');
     assert.equal(event.ejected, true);
+  });
+
+  it('a hedge loser whose answer came while the worker was stalled past its grace is answered, not cut off', async () => {
+    // One cut-off loser would eject the node.
+    const front = await start({ hedgeDelayMs: 30, hedgeBudgetPercent: 100, cancelGraceMs: 200, requestTimeoutMs: 10_000, ejectAfter: 1 });
+    const [slow] = nodes as [FakeNode];
+    slow.behaviour = { kind: 'answer', delayMs: 300 };
+    const board = await boardOf(front, slow);
+    const abandoned = slow.abandoned;
+    const reply = await rpc(front.url, 'query.execute', board);
+    assert.equal(reply.status, 200);
+    assert.notEqual(reply.headers['x-lakefront-served-by'], slow.id, 'the hedge won');
+    // The loser's grace ends about 200 ms after the hedge won, its answer comes at 300 ms: both
+    // while the worker is stuck.
+    front.hangWorker(1, 800);
+    // Asked during the stall, answered after the worker has read the loser's answer (or cut it off).
+    assert.equal(await ejections(front, slow.id), 0);
+    assert.equal(slow.abandoned, abandoned, 'its answer was read');
   });
 
   it('an attempt cut off because its client left is not the node\'s failure: a client hanging up on slow requests ejects nothing', async () => {

@@ -782,19 +782,34 @@ export class H1Pool {
 /** Opaque handle of one sent or queued request. */
 export type H1Ticket = object;
 
-/** Owns pools and the one sweep timer that enforces their timeouts. */
+/**
+ * Owns pools and the one sweep timer that enforces their timeouts.
+ *
+ * The sweep runs after the reads of the loop turn its timer fires in (`setImmediate`: past the
+ * poll phase), not in the timer itself: a thread that was stalled (a long pause, a blocking call)
+ * wakes with its timers overdue and the answers that came meanwhile still in the sockets; judged
+ * first, those would count as timeouts (and toward ejection). Read first, they are answers.
+ */
 export class H1Agent {
   private readonly pools: H1Pool[] = [];
   private readonly timer: NodeJS.Timeout;
+  private closed = false;
 
-  constructor(sweepEveryMs: number) {
+  constructor(private readonly sweepEveryMs: number) {
     this.timer = setInterval(() => {
-      const now = performance.now();
-      coarseNow = now;
-      for (const pool of this.pools) pool.sweep(now, sweepEveryMs);
+      // Activity the coming reads stamp is stamped with the time they are read at.
+      coarseNow = performance.now();
+      setImmediate(this.sweep);
     }, sweepEveryMs);
     this.timer.unref();
   }
+
+  private readonly sweep = (): void => {
+    if (this.closed) return;
+    const now = performance.now();
+    coarseNow = now;
+    for (const pool of this.pools) pool.sweep(now, this.sweepEveryMs);
+  };
 
   pool(url: string, options: H1Options): H1Pool {
     const pool = new H1Pool(url, options);
@@ -803,6 +818,7 @@ export class H1Agent {
   }
 
   close(destroyBusy: boolean): void {
+    this.closed = true;
     clearInterval(this.timer);
     for (const pool of this.pools) pool.close(destroyBusy);
   }

@@ -371,7 +371,15 @@ class UndiciTransport implements NodeTransport {
 
 const EMPTY = Buffer.alloc(0);
 
+/**
+ * A loser's grace is over: it is killed after this loop turn's reads (`setImmediate`), so one
+ * whose answer came while the thread was stalled is answered, not cut off (and counted a failure).
+ */
 function killAttempt(attempt: { kill(): void }): void {
+  setImmediate(killNow, attempt);
+}
+
+function killNow(attempt: { kill(): void }): void {
   attempt.kill();
 }
 
