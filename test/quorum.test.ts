@@ -57,6 +57,35 @@ async function holdWrite(door: FrontDoor, requests: number): Promise<Socket> {
   return held;
 }
 
+/** Sends `request` on `socket` and resolves with the answer (its head, and a body by content-length). */
+async function exchangeOn(socket: Socket, request: string): Promise<string> {
+  let text = '';
+  const done = (): boolean => {
+    const end = text.indexOf('\r\n\r\n');
+    if (end < 0) return false;
+    const length = /\r\ncontent-length: *(\d+)/i.exec(text.slice(0, end));
+    return text.length >= end + 4 + (length ? Number(length[1]) : 0);
+  };
+  socket.write(request);
+  while (!done()) text += ((await once(socket, 'data')) as [Buffer])[0].toString('latin1');
+  return text;
+}
+
+/**
+ * A kept-alive connection to the front door, and the stamp its worker puts at the end of a
+ * write's version (a write to a key of its own, made while every node is up: no hints).
+ */
+let stamped = 0;
+async function stampedConnection(port: number): Promise<[Socket, string]> {
+  const socket = connect(port, '127.0.0.1');
+  socket.on('error', () => {});
+  await once(socket, 'connect');
+  const answer = await exchangeOn(socket, `PUT /kv/stamp-${stamped++} HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\nx`);
+  const version = /\r\nx-lakefront-version: *(\d+)/i.exec(answer);
+  assert.ok(version, answer);
+  return [socket, version[1]!.slice(-3)];
+}
+
 function storeConfig(nodes: readonly { id: string; url: string }[], overrides: Partial<FrontDoorConfig> = {}): FrontDoorConfig {
   return {
     host: '127.0.0.1',
@@ -928,6 +957,93 @@ describe('replicated route: reads while a hint waits', () => {
       await first.stop();
       await first.drained.catch(() => undefined);
       await second?.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
+  it('during a reload, a read knows the hints an old worker has drained and handed back while another still drains', async () => {
+    const nodes = await startReplicas('hd-a', 'hd-b', 'hd-c', 'hd-d', 'hd-e');
+    const ids = nodes.map((n) => n.id);
+    const config = storeConfig(nodes, { threads: 2 });
+    const key = '/kv/held';
+    const [a, b, c] = preference(ids, key).map((id) => nodes.find((n) => n.id === id)!);
+    const first = await FrontDoor.start(config);
+    let second: FrontDoor | null = null;
+    const sockets: Socket[] = [];
+    try {
+      // Two connections to the two workers: a write's version ends with its worker's stamp.
+      const [one, oneStamp] = await stampedConnection(first.port);
+      sockets.push(one);
+      for (;;) {
+        const [other, stamp] = await stampedConnection(first.port);
+        sockets.push(other);
+        if (stamp !== oneStamp) break;
+      }
+      const other = sockets.at(-1)!;
+      // The write whose hints the first worker keeps.
+      a!.healthy = b!.healthy = false;
+      await first.memberships[0]!.probeOnce();
+      assert.match(await exchangeOn(one, `PUT ${key} HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nfresh`), /^HTTP\/1\.1 204/);
+      a!.behaviour = b!.behaviour = { kind: 'replica', failWrites: true };
+      a!.healthy = b!.healthy = true;
+      c!.healthy = false;
+      await first.memberships[0]!.probeOnce();
+      // The other worker holds a write that never finishes: it drains to its deadline.
+      const requests = async () => ((await first.stats()) as { requests: number }).requests;
+      const before = await requests();
+      other.write('PUT /kv/other HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nab');
+      while ((await requests()) === before);
+      const drained = once(first, 'worker-drained');
+      second = await first.reload(config);
+      // The first worker has ended, its two hints handed back to the control plane.
+      const [, , handedBack] = (await drained) as [number, number, number];
+      assert.equal(handedBack, 2);
+      const got = await call(`${second.url}${key}`, { fresh: true });
+      assert.equal(got.text, 'fresh', `${got.status}`);
+    } finally {
+      for (const s of sockets) s.destroy();
+      await first.stop();
+      await first.drained.catch(() => undefined);
+      await second?.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
+  it('after two reloads in a row, a read knows the hints the first front door still holds', async () => {
+    const nodes = await startReplicas('hc-a', 'hc-b', 'hc-c', 'hc-d', 'hc-e');
+    const ids = nodes.map((n) => n.id);
+    const config = storeConfig(nodes, { threads: 1 });
+    const key = '/kv/held';
+    const [a, b, c] = preference(ids, key).map((id) => nodes.find((n) => n.id === id)!);
+    const first = await FrontDoor.start(config);
+    let second: FrontDoor | null = null;
+    let third: FrontDoor | null = null;
+    let held: Socket | null = null;
+    try {
+      a!.healthy = b!.healthy = false;
+      await first.memberships[0]!.probeOnce();
+      assert.equal((await call(`${first.url}${key}`, { method: 'PUT', body: 'fresh' })).status, 204);
+      a!.behaviour = b!.behaviour = { kind: 'replica', failWrites: true };
+      a!.healthy = b!.healthy = true;
+      c!.healthy = false;
+      await first.memberships[0]!.probeOnce();
+      held = await holdWrite(first, ((await first.stats()) as { requests: number }).requests + 1);
+      second = await first.reload(config);
+      // The third configuration says who served a read: its reads carry x-forwarded-for.
+      third = await second.reload({ ...config, settings: { ...config.settings, forwardedFor: true } });
+      const servedByThird = () => a!.received.some((r) => r.method === 'GET' && r.headers['x-forwarded-for'] !== undefined);
+      for (let i = 0; !servedByThird(); i++) {
+        assert.ok(i < 50, 'the third front door took none of 50 connections');
+        const got = await call(`${third.url}${key}`, { fresh: true });
+        assert.equal(got.text, 'fresh', `read ${i} (${got.status})`);
+      }
+    } finally {
+      held?.destroy();
+      await first.stop();
+      await first.drained.catch(() => undefined);
+      await second?.stop();
+      await second?.drained.catch(() => undefined);
+      await third?.stop();
       await Promise.all(nodes.map((n) => n.stop()));
     }
   });

@@ -69,6 +69,7 @@ port.on('message', (message: MainMessage) => {
       break;
     case 'adopt-hints':
       running.adoptHints(message.hints);
+      send({ t: 'hints-adopted' });
       break;
     case 'drain':
       running.drain(message.keepHints, message.lingerTunnels).then(({ abandoned, hints }) => {

@@ -334,30 +334,33 @@ export interface HeldRows {
 }
 
 /**
- * Which replicas some worker thread of this front door holds hints for (WorkerInit.hintsHeld):
- * one row of Int32 lanes a worker slot, one lane a node (global index). A worker counts into its
- * own row only (Atomics); asking sums every row, so a read in any thread learns that a replica of
- * its key may have missed an acknowledged write. The control plane zeroes the row of a worker that
- * ended (`clear`): its hints went with it, or were handed back.
+ * Which replicas some thread of this front door holds hints for (WorkerInit.hintsHeld): one row
+ * of Int32 lanes a counter slot, one lane a node (global index). A worker counts into its own row
+ * only (Atomics); row 0, the control plane's, counts the hints on their way between workers (a
+ * stop's, a reload's hand-over, a hints file's until its worker starts: `store`). Asking sums
+ * every row, so a read in any thread learns that a replica of its key may have missed an
+ * acknowledged write. The control plane zeroes the row of a worker that ended (`clear`): its
+ * hints went with it, or were handed back (a worker's row keeps those until it ends, and row 0
+ * has them from its `drained` message on: counted twice a moment, never missed).
  *
- * After a reload the predecessor's workers keep their hints (and deliver them) until their drain
- * ends, then hand them over: until then asking reads the predecessor's rows too (`prior`).
+ * After a reload the predecessors still draining keep their hints (and deliver them) until their
+ * drains end, then hand them over: until then asking reads their rows too (`prior`).
  */
 export class HeldHints {
   private readonly lanes: Int32Array;
   private readonly own: number;
-  private readonly priorLanes: Int32Array | null;
+  private readonly priorLanes: Int32Array[];
 
   constructor(
     buffer: SharedArrayBuffer,
     private readonly slots: number,
     private readonly nodes: number,
     slot: number,
-    private readonly prior: HeldRows | null = null,
+    private readonly prior: readonly HeldRows[] = [],
   ) {
     this.lanes = new Int32Array(buffer, 0, slots * nodes);
     this.own = slot * nodes;
-    this.priorLanes = prior === null ? null : new Int32Array(prior.buffer, 0, prior.slots * prior.nodes);
+    this.priorLanes = prior.map((rows) => new Int32Array(rows.buffer, 0, rows.slots * rows.nodes));
   }
 
   static bytes(slots: number, nodes: number): number {
@@ -370,6 +373,12 @@ export class HeldHints {
     for (let i = 0; i < nodes; i++) Atomics.store(lanes, i, 0);
   }
 
+  /** Sets row 0 (the control plane's) to `counts`, one a node. */
+  static store(buffer: SharedArrayBuffer, counts: Int32Array): void {
+    const lanes = new Int32Array(buffer, 0, counts.length);
+    for (let i = 0; i < counts.length; i++) Atomics.store(lanes, i, counts[i]!);
+  }
+
   add(node: number, delta: number): void {
     Atomics.add(this.lanes, this.own + node, delta);
   }
@@ -377,11 +386,12 @@ export class HeldHints {
   /** Whether any worker holds a hint for `node` (a reload's predecessor's included). */
   any(node: number): boolean {
     for (let s = 0; s < this.slots; s++) if (Atomics.load(this.lanes, s * this.nodes + node) > 0) return true;
-    const prior = this.prior;
-    if (prior === null) return false;
-    const there = prior.map[node]!;
-    if (there < 0) return false;
-    for (let s = 0; s < prior.slots; s++) if (Atomics.load(this.priorLanes!, s * prior.nodes + there) > 0) return true;
+    for (let p = 0; p < this.prior.length; p++) {
+      const prior = this.prior[p]!;
+      const there = prior.map[node]!;
+      if (there < 0) continue;
+      for (let s = 0; s < prior.slots; s++) if (Atomics.load(this.priorLanes[p]!, s * prior.nodes + there) > 0) return true;
+    }
     return false;
   }
 }

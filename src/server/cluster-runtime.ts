@@ -335,7 +335,9 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   }
 
   hintCounted(event: HintEvent, node: number): void {
-    this.replication?.held.add(this.globalIndex[node]!, event === 'stored' ? 1 : -1);
+    // Saved (handed back as the worker stops): still held, in its row until it ends, and by the
+    // control plane from its `drained` message on.
+    if (event !== 'saved') this.replication?.held.add(this.globalIndex[node]!, event === 'stored' ? 1 : -1);
     const slot = this.slot;
     if (event === 'stored') slot.bump(C_HINTS_PENDING);
     // Handed back as the worker stops: still pending, in this slot, until the control plane has

@@ -531,7 +531,6 @@ export class WorkerFront implements TunnelHost {
       };
     });
     this.rankScratch = new Int32Array(Math.max(1, ...this.runtimes.map((r) => r.size)));
-    this.adoptHints(init.hints);
     this.refresh();
     this.app = this.uws.App();
     this.tunnels = new WebSocketTunnels(this);
@@ -578,6 +577,9 @@ export class WorkerFront implements TunnelHost {
           return;
         }
         this.listenSocket = socket;
+        // Its share of a hints file's (or of a reload's) hints: taken once it listens, so that
+        // one that cannot (its start retried in another thread) never counts them as held.
+        this.adoptHints(this.init.hints);
         resolve(this.uws.us_socket_local_port(socket));
       });
     });

@@ -144,8 +144,8 @@ export interface WorkerInit {
    * in any worker asks the nodes past its key's replicas while one of them has a hint waiting.
    */
   readonly hintsHeld: SharedArrayBuffer;
-  /** After a reload: the predecessor's hint rows, read until its drain hands its hints over. */
-  readonly priorHintsHeld: HeldRows | null;
+  /** After a reload: the hint rows of the front doors still draining, read until they hand their hints over. */
+  readonly priorHintsHeld: readonly HeldRows[];
   readonly counterSlots: number;
   readonly nodes: readonly NodeSpec[];
   readonly clusters: readonly ClusterSpec[];
@@ -188,7 +188,9 @@ export type WorkerMessage =
   | { readonly t: 'node-failing'; readonly node: number; readonly failures: number; readonly code: string }
   /** A write pinned to the cluster's published leader could not connect to it. */
   | { readonly t: 'leader-failed'; readonly node: number }
-  | { readonly t: 'drained'; readonly abandoned: number; readonly hints: readonly SavedHint[] };
+  | { readonly t: 'drained'; readonly abandoned: number; readonly hints: readonly SavedHint[] }
+  /** The hints of an `adopt-hints` message are this worker's now (counted in its row). */
+  | { readonly t: 'hints-adopted' };
 
 /** Main -> worker. */
 export type MainMessage =

@@ -117,6 +117,8 @@ interface WorkerHandle {
   worker: Worker;
   /** Deaths within the current window, for crash-loop backoff. */
   deaths: number[];
+  /** What its drain's `drained` message said. */
+  drained?: { readonly abandoned: number; readonly hints: number };
 }
 
 interface Collection {
@@ -143,8 +145,10 @@ export class FrontDoor extends EventEmitter {
   private readonly failuresInRow: SharedArrayBuffer;
   /** Hints held per replica by each worker (WorkerInit.hintsHeld); a row is zeroed as its worker ends. */
   private readonly hintsHeld: SharedArrayBuffer;
-  /** A reload's predecessor's hint rows, while it drains (WorkerInit.priorHintsHeld). */
-  private priorHintsHeld: HeldRows | null = null;
+  /** The hint rows of the front doors before a reload, while they drain (WorkerInit.priorHintsHeld). */
+  private priorHintsHeld: readonly HeldRows[] = [];
+  /** Per worker slot, the `adopt-hints` batches posted to it and not yet taken (`hints-adopted`). */
+  private readonly postedHints = new Map<number, SavedHint[][]>();
   private readonly counterSlots: number;
   private readonly workers = new Map<number, WorkerHandle>();
   private readonly collections = new Map<number, Collection>();
@@ -372,7 +376,7 @@ export class FrontDoor extends EventEmitter {
     void next.predecessorDone.then(() => {
       next.carry(this);
       next.predecessor = null;
-      next.priorHintsHeld = null;
+      next.priorHintsHeld = [];
     });
     this.drained = handover;
     // Rejected when a worker is stuck: whoever awaits `drained` hears of it, nobody else must.
@@ -392,7 +396,35 @@ export class FrontDoor extends EventEmitter {
     const hints = [...this.stoppedHints, ...[...this.hintsFor.values()].flat()];
     this.stoppedHints.length = 0;
     this.hintsFor.clear();
+    // The successor counts them before this one stops: a read never finds them held nowhere.
     this.successor?.takeOver(hints);
+    this.countHeld();
+  }
+
+  /**
+   * Counts the hints on their way (held by no worker: a stop's, those for workers not started,
+   * those posted to workers not yet taken) in row 0 of `hintsHeld`, for reads (HeldHints).
+   */
+  private countHeld(): void {
+    const counts = new Int32Array(this.nodes.length);
+    const count = (hints: readonly SavedHint[]): void => {
+      for (const hint of hints) {
+        const g = this.globalNodeOf(hint);
+        if (g >= 0) counts[g]!++;
+      }
+    };
+    count(this.stoppedHints);
+    for (const share of this.hintsFor.values()) count(share);
+    for (const batches of this.postedHints.values()) for (const batch of batches) count(batch);
+    HeldHints.store(this.hintsHeld, counts);
+  }
+
+  /** The global index of the replica a hint is for, or -1 (its route or node not configured here). */
+  private globalNodeOf(hint: SavedHint): number {
+    const route = this.routes.find((r) => r.pattern === hint.route && r.quorum !== null);
+    if (route === undefined) return -1;
+    for (const g of this.clusters[route.cluster]!.nodes) if (this.nodes[g]!.id === hint.node) return g;
+    return -1;
   }
 
   /**
@@ -412,6 +444,7 @@ export class FrontDoor extends EventEmitter {
       const handle = this.workers.get(slot);
       if (handle && handle.worker.threadId >= 0) {
         this.post(handle.worker, { t: 'adopt-hints', hints: share });
+        appendTo(this.postedHints, slot, [share]);
         posted += share.length;
       }
       // Not started yet (or being replaced): it takes them when it starts.
@@ -419,6 +452,7 @@ export class FrontDoor extends EventEmitter {
     }
     // On their way to the workers: pending for /stats until a collection posted after them.
     if (posted > 0) this.adopting.push({ after: this.nextCollectionId, count: posted });
+    this.countHeld();
   }
 
   /** Hints posted to workers (`takeOver`) by the collection id that will see them counted. */
@@ -436,6 +470,7 @@ export class FrontDoor extends EventEmitter {
     }
     this.stoppedHints.push(...hints);
     if (this.drainDone && hints.length > 0) this.writeHints();
+    this.countHeld();
   }
 
   /** The configuration it runs (a caller's `reload` may start from it). */
@@ -572,6 +607,7 @@ export class FrontDoor extends EventEmitter {
       throw new ConfigError(`hints file ${file}: its directory is not writable (a stop could not save the hints there)`);
     }
     for (const [slot, share] of this.shareHints(loadHints(file), `hints file ${file}`)) appendTo(this.hintsFor, slot, share);
+    this.countHeld();
   }
 
   /**
@@ -768,15 +804,17 @@ export class FrontDoor extends EventEmitter {
   }
 
   /**
-   * `predecessor`'s hint rows, as this configuration's node indices map onto its (by cluster name
-   * and node id): its workers keep their hints until their drain ends, and reads here must know.
+   * `predecessor`'s hint rows, and those of the front doors it still reads (drains in a chain of
+   * reloads), as this configuration's node indices map onto theirs (by cluster name and node id):
+   * their workers keep their hints until their drains end, and reads here must know.
    */
-  private heldRowsOf(predecessor: FrontDoor): HeldRows {
+  private heldRowsOf(predecessor: FrontDoor): HeldRows[] {
     const map = new Int32Array(this.nodes.length).fill(-1);
     const before = new Map<string, number>();
     predecessor.nodes.forEach((node, g) => before.set(`${predecessor.clusters[node.cluster]!.name}\n${node.id}`, g));
     this.nodes.forEach((node, g) => (map[g] = before.get(`${this.clusters[node.cluster]!.name}\n${node.id}`) ?? -1));
-    return { buffer: predecessor.hintsHeld, slots: predecessor.counterSlots, nodes: predecessor.nodes.length, map };
+    const through = (rows: HeldRows): HeldRows => ({ ...rows, map: map.map((there) => (there < 0 ? -1 : rows.map[there]!)) });
+    return [{ buffer: predecessor.hintsHeld, slots: predecessor.counterSlots, nodes: predecessor.nodes.length, map }, ...predecessor.priorHintsHeld.map(through)];
   }
 
   private publish(): void {
@@ -859,6 +897,7 @@ export class FrontDoor extends EventEmitter {
           if (this.stopping !== null) this.post(worker, { t: 'close-now' });
           // Its hints are its own now (saved again at its stop).
           this.hintsFor.delete(slot);
+          this.countHeld();
           resolve();
           return;
         }
@@ -887,10 +926,16 @@ export class FrontDoor extends EventEmitter {
     // count them down itself), and so do the hints it still kept (a drained one kept none).
     const lost = new CounterSlot(this.counters, handle.slot, this.nodes.length).resetInflight(this.nodes.length);
     HeldHints.clear(this.hintsHeld, this.nodes.length, handle.slot);
+    // Hints posted to it and not taken went with it.
+    if (this.postedHints.delete(handle.slot)) this.countHeld();
     this.mainSlot.bump(C_HINTS_LOST, lost);
     this.mainSlot.flush();
     this.hintsLostWithWorkers += lost;
-    if (this.stopping) return;
+    if (this.stopping) {
+      // (slot, requests still running at the drain's deadline, hints it handed back)
+      this.emit('worker-drained', handle.slot, handle.drained?.abandoned ?? 0, handle.drained?.hints ?? 0);
+      return;
+    }
     this.emit('worker-exit', handle.slot, code, lost);
     if (code === EXIT_CONFIG) return; // it could not start at all: respawning would loop
     const now = Date.now();
@@ -923,10 +968,15 @@ export class FrontDoor extends EventEmitter {
         }
         break;
       }
+      case 'hints-adopted':
+        this.postedHints.get(handle.slot)?.shift();
+        this.countHeld();
+        break;
       case 'drained':
         // Pending in the worker's slot until here; pending with this front door from here.
         new CounterSlot(this.counters, handle.slot, this.nodes.length).clearHintsPending();
         this.keepStopped(message.hints);
+        handle.drained = { abandoned: message.abandoned, hints: message.hints.length };
         break;
       case 'node-unreachable': {
         const [door, g] = this.judging(message.node);
