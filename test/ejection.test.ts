@@ -257,7 +257,15 @@ describe('what counts toward ejection, and what does not', () => {
     // Every node slow (were the native one ejected, its boards' requests would go on to the next).
     for (const n of nodes) n.behaviour = { kind: 'answer', delayMs: 2_000 };
     const board = await boardOf(front, slow);
-    const any = (event: string) => Promise.race(nodes.map((n) => once(n, event)));
+    // The first of the nodes to emit `event`; the others stop listening.
+    const any = async (event: string): Promise<unknown> => {
+      const done = new AbortController();
+      try {
+        return await Promise.race(nodes.map((n) => once(n, event, { signal: done.signal })));
+      } finally {
+        done.abort();
+      }
+    };
     for (let i = 0; i < EJECT_AFTER * 2; i++) {
       const socket = connect(Number(new URL(front.url).port), '127.0.0.1');
       socket.on('error', () => undefined);
