@@ -880,43 +880,77 @@ describe('replicated route under faults: reads see the last acknowledged write',
 });
 
 describe('replicated route: reads while a hint waits', () => {
-  it('a write only stand-ins and a replica now down acknowledged is read back from any worker until its hints are handed over', async () => {
-    const nodes = await startReplicas('h-a', 'h-b', 'h-c', 'h-d', 'h-e');
+  const key = '/kv/held';
+
+  /** Five replicas; a, b and c hold `key`, d and e come next on its preference list. */
+  async function heldSet(prefix: string): Promise<{ nodes: FakeNode[]; a: FakeNode; b: FakeNode; c: FakeNode; d: FakeNode; e: FakeNode }> {
+    const nodes = await startReplicas(...['a', 'b', 'c', 'd', 'e'].map((x) => `${prefix}-${x}`));
     const ids = nodes.map((n) => n.id);
+    const [a, b, c, d, e] = preference(ids, key).map((id) => nodes.find((n) => n.id === id)!) as [FakeNode, FakeNode, FakeNode, FakeNode, FakeNode];
+    return { nodes, a, b, c, d, e };
+  }
+
+  /** `down` go down, as the health poll would say. */
+  async function takeDown(door: FrontDoor, ...down: FakeNode[]): Promise<void> {
+    for (const n of down) n.healthy = false;
+    await door.memberships[0]!.probeOnce();
+  }
+
+  /**
+   * After a write a and b missed (c and the stand-ins d and e took it): c goes down, and a and b
+   * come back but refuse their hints (any write) for now. The replicas that can answer then make
+   * a quorum of two, and neither holds the write.
+   */
+  async function backRefusingHints(door: FrontDoor, { a, b, c }: { a: FakeNode; b: FakeNode; c: FakeNode }): Promise<void> {
+    a.behaviour = b.behaviour = { kind: 'replica', failWrites: true };
+    a.healthy = b.healthy = true;
+    c.healthy = false;
+    await door.memberships[0]!.probeOnce();
+  }
+
+  /**
+   * Reads `key` through `door` on fresh connections, each one `fresh`, until `door` itself (its
+   * configuration sets x-forwarded-for, which a's requests show) has answered one: a reload's
+   * old workers may take connections until their drain begins.
+   */
+  async function readUntilServedBy(door: FrontDoor, a: FakeNode): Promise<void> {
+    const servedBy = () => a.received.some((r) => r.method === 'GET' && r.headers['x-forwarded-for'] !== undefined);
+    for (let i = 0; !servedBy(); i++) {
+      assert.ok(i < 50, 'the new front door took none of 50 connections');
+      const got = await call(`${door.url}${key}`, { fresh: true });
+      assert.equal(got.text, 'fresh', `read ${i} (${got.status})`);
+    }
+  }
+
+  const marked = (config: FrontDoorConfig): FrontDoorConfig => ({ ...config, settings: { ...config.settings, forwardedFor: true } });
+
+  it('a write only stand-ins and a replica now down acknowledged is read back from any worker until its hints are handed over', async () => {
+    const set = await heldSet('h');
+    const { nodes, a, b, c, d, e } = set;
     const door = await FrontDoor.start(storeConfig(nodes));
-    const membership = door.memberships[0]!;
-    const key = '/kv/held';
-    const [a, b, c, d, e] = preference(ids, key).map((id) => nodes.find((n) => n.id === id)!);
     try {
-      // a and b down: c and the stand-ins d and e take the write.
-      a!.healthy = b!.healthy = false;
-      await membership.probeOnce();
+      await takeDown(door, a, b);
       const put = await call(`${door.url}${key}`, { method: 'PUT', body: 'fresh' });
       assert.equal(put.status, 204, put.text);
-      for (const node of [c!, d!, e!]) while (node.store.get(key)?.body !== 'fresh') await once(node, 'request');
-      // Then c goes down, and a and b come back but refuse their hints (any write) for now: the
-      // replicas that can answer make a quorum of two, and neither holds the write.
-      a!.behaviour = b!.behaviour = { kind: 'replica', failWrites: true };
-      a!.healthy = b!.healthy = true;
-      c!.healthy = false;
-      await membership.probeOnce();
-      const pastBefore = d!.hits('/kv/') + e!.hits('/kv/');
+      for (const node of [c, d, e]) while (node.store.get(key)?.body !== 'fresh') await once(node, 'request');
+      await backRefusingHints(door, set);
+      const pastBefore = d.hits('/kv/') + e.hits('/kv/');
       // Fresh connections: the two workers both answer some of these (the write went through one).
       for (let i = 0; i < 8; i++) {
         const got = await call(`${door.url}${key}`, { fresh: true });
         assert.equal(got.status, 200, `read ${i}: ${got.text}`);
         assert.equal(got.text, 'fresh', `read ${i}`);
       }
-      assert.equal(d!.hits('/kv/') + e!.hits('/kv/') - pastBefore, 16, 'each read asked d and e');
+      assert.equal(d.hits('/kv/') + e.hits('/kv/') - pastBefore, 16, 'each read asked d and e');
       // a and b take writes again: their hints reach them, and reads go to the replicas alone.
-      a!.behaviour = b!.behaviour = { kind: 'replica' };
+      a.behaviour = b.behaviour = { kind: 'replica' };
       const pending = async () => (await call(`${door.url}/stats`)).json<{ quorum: { hints: { pending: number } } }>().quorum.hints.pending;
       // (Each /stats flushes the workers' counts first.)
       while ((await pending()) > 0);
-      assert.equal(a!.store.get(key)?.body, 'fresh');
-      const pastAfter = d!.hits('/kv/') + e!.hits('/kv/');
+      assert.equal(a.store.get(key)?.body, 'fresh');
+      const pastAfter = d.hits('/kv/') + e.hits('/kv/');
       for (let i = 0; i < 4; i++) assert.equal((await call(`${door.url}${key}`, { fresh: true })).text, 'fresh');
-      assert.equal(d!.hits('/kv/') + e!.hits('/kv/'), pastAfter, 'no hint waits: the nodes past the replicas are not asked');
+      assert.equal(d.hits('/kv/') + e.hits('/kv/'), pastAfter, 'no hint waits: the nodes past the replicas are not asked');
     } finally {
       await door.stop();
       await Promise.all(nodes.map((n) => n.stop()));
@@ -924,49 +958,32 @@ describe('replicated route: reads while a hint waits', () => {
   });
 
   it('after a reload, reads know the hints the draining front door still holds', async () => {
-    const nodes = await startReplicas('hr-a', 'hr-b', 'hr-c', 'hr-d', 'hr-e');
-    const ids = nodes.map((n) => n.id);
-    const config = storeConfig(nodes, { threads: 1 });
-    const key = '/kv/held';
-    const [a, b, c] = preference(ids, key).map((id) => nodes.find((n) => n.id === id)!);
+    const set = await heldSet('hr');
+    const config = storeConfig(set.nodes, { threads: 1 });
     const first = await FrontDoor.start(config);
     let second: FrontDoor | null = null;
     let held: Socket | null = null;
     try {
-      a!.healthy = b!.healthy = false;
-      await first.memberships[0]!.probeOnce();
+      await takeDown(first, set.a, set.b);
       assert.equal((await call(`${first.url}${key}`, { method: 'PUT', body: 'fresh' })).status, 204);
-      a!.behaviour = b!.behaviour = { kind: 'replica', failWrites: true };
-      a!.healthy = b!.healthy = true;
-      c!.healthy = false;
-      await first.memberships[0]!.probeOnce();
+      await backRefusingHints(first, set);
       // A write that never finishes keeps the old worker draining, with its hints.
       held = await holdWrite(first, ((await first.stats()) as { requests: number }).requests + 1);
-      // The new configuration says who served a read: its reads carry x-forwarded-for.
-      second = await first.reload({ ...config, settings: { ...config.settings, forwardedFor: true } });
-      const servedBySecond = () => a!.received.some((r) => r.method === 'GET' && r.headers['x-forwarded-for'] !== undefined);
-      // The old worker stops taking connections once its drain begins: read until the new one answers.
-      for (let i = 0; !servedBySecond(); i++) {
-        assert.ok(i < 50, 'the new front door took none of 50 connections');
-        const got = await call(`${second.url}${key}`, { fresh: true });
-        assert.equal(got.text, 'fresh', `read ${i} (${got.status})`);
-      }
+      second = await first.reload(marked(config));
+      await readUntilServedBy(second, set.a);
       assert.equal(first.hintsLost(), 0);
     } finally {
       held?.destroy();
       await first.stop();
       await first.drained.catch(() => undefined);
       await second?.stop();
-      await Promise.all(nodes.map((n) => n.stop()));
+      await Promise.all(set.nodes.map((n) => n.stop()));
     }
   });
 
   it('during a reload, a read knows the hints an old worker has drained and handed back while another still drains', async () => {
-    const nodes = await startReplicas('hd-a', 'hd-b', 'hd-c', 'hd-d', 'hd-e');
-    const ids = nodes.map((n) => n.id);
-    const config = storeConfig(nodes, { threads: 2 });
-    const key = '/kv/held';
-    const [a, b, c] = preference(ids, key).map((id) => nodes.find((n) => n.id === id)!);
+    const set = await heldSet('hd');
+    const config = storeConfig(set.nodes, { threads: 2 });
     const first = await FrontDoor.start(config);
     let second: FrontDoor | null = null;
     const sockets: Socket[] = [];
@@ -981,13 +998,9 @@ describe('replicated route: reads while a hint waits', () => {
       }
       const other = sockets.at(-1)!;
       // The write whose hints the first worker keeps.
-      a!.healthy = b!.healthy = false;
-      await first.memberships[0]!.probeOnce();
+      await takeDown(first, set.a, set.b);
       assert.match(await exchangeOn(one, `PUT ${key} HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nfresh`), /^HTTP\/1\.1 204/);
-      a!.behaviour = b!.behaviour = { kind: 'replica', failWrites: true };
-      a!.healthy = b!.healthy = true;
-      c!.healthy = false;
-      await first.memberships[0]!.probeOnce();
+      await backRefusingHints(first, set);
       // The other worker holds a write that never finishes: it drains to its deadline.
       const requests = async () => ((await first.stats()) as { requests: number }).requests;
       const before = await requests();
@@ -1005,38 +1018,25 @@ describe('replicated route: reads while a hint waits', () => {
       await first.stop();
       await first.drained.catch(() => undefined);
       await second?.stop();
-      await Promise.all(nodes.map((n) => n.stop()));
+      await Promise.all(set.nodes.map((n) => n.stop()));
     }
   });
 
   it('after two reloads in a row, a read knows the hints the first front door still holds', async () => {
-    const nodes = await startReplicas('hc-a', 'hc-b', 'hc-c', 'hc-d', 'hc-e');
-    const ids = nodes.map((n) => n.id);
-    const config = storeConfig(nodes, { threads: 1 });
-    const key = '/kv/held';
-    const [a, b, c] = preference(ids, key).map((id) => nodes.find((n) => n.id === id)!);
+    const set = await heldSet('hc');
+    const config = storeConfig(set.nodes, { threads: 1 });
     const first = await FrontDoor.start(config);
     let second: FrontDoor | null = null;
     let third: FrontDoor | null = null;
     let held: Socket | null = null;
     try {
-      a!.healthy = b!.healthy = false;
-      await first.memberships[0]!.probeOnce();
+      await takeDown(first, set.a, set.b);
       assert.equal((await call(`${first.url}${key}`, { method: 'PUT', body: 'fresh' })).status, 204);
-      a!.behaviour = b!.behaviour = { kind: 'replica', failWrites: true };
-      a!.healthy = b!.healthy = true;
-      c!.healthy = false;
-      await first.memberships[0]!.probeOnce();
+      await backRefusingHints(first, set);
       held = await holdWrite(first, ((await first.stats()) as { requests: number }).requests + 1);
       second = await first.reload(config);
-      // The third configuration says who served a read: its reads carry x-forwarded-for.
-      third = await second.reload({ ...config, settings: { ...config.settings, forwardedFor: true } });
-      const servedByThird = () => a!.received.some((r) => r.method === 'GET' && r.headers['x-forwarded-for'] !== undefined);
-      for (let i = 0; !servedByThird(); i++) {
-        assert.ok(i < 50, 'the third front door took none of 50 connections');
-        const got = await call(`${third.url}${key}`, { fresh: true });
-        assert.equal(got.text, 'fresh', `read ${i} (${got.status})`);
-      }
+      third = await second.reload(marked(config));
+      await readUntilServedBy(third, set.a);
     } finally {
       held?.destroy();
       await first.stop();
@@ -1044,7 +1044,7 @@ describe('replicated route: reads while a hint waits', () => {
       await second?.stop();
       await second?.drained.catch(() => undefined);
       await third?.stop();
-      await Promise.all(nodes.map((n) => n.stop()));
+      await Promise.all(set.nodes.map((n) => n.stop()));
     }
   });
 });
