@@ -439,18 +439,24 @@ export class FrontDoor extends EventEmitter {
       this.keepStopped([...shares.values()].flat());
       return;
     }
+    let posted = 0;
     for (const [slot, share] of shares) {
       const handle = this.workers.get(slot);
       if (handle && handle.worker.threadId >= 0) {
-        // On their way: pending for /stats, and held for reads, here until it has taken them.
         this.post(handle.worker, { t: 'adopt-hints', hints: share });
         appendTo(this.postedHints, slot, [share]);
+        posted += share.length;
       }
       // Not started yet (or being replaced): it takes them when it starts.
       else appendTo(this.hintsFor, slot, share);
     }
+    // On their way to the workers: pending for /stats until a collection posted after them.
+    if (posted > 0) this.adopting.push({ after: this.nextCollectionId, count: posted });
     this.countHeld();
   }
+
+  /** Hints posted to workers (`takeOver`) by the collection id that will see them counted. */
+  private adopting: { after: number; count: number }[] = [];
 
   /**
    * Hints reaching a stopping front door (late from a worker, or from a predecessor): to the
@@ -553,11 +559,13 @@ export class FrontDoor extends EventEmitter {
     // one that does not answer soon (stuck) is not waited for long.
     const draining: Promise<unknown>[] = [];
     for (let p = this.predecessor; p !== null; p = p.predecessor) draining.push(p.collect(PREDECESSOR_COLLECT_MS));
+    const collection = this.nextCollectionId;
     const [encoded] = await Promise.all([this.collect(), ...draining]);
     const totals = this.totals();
-    // Hints posted to a worker and not yet taken (a worker says so before it answers a
-    // collection posted after them, so none is counted twice).
-    for (const batches of this.postedHints.values()) for (const batch of batches) totals.hintsPending += batch.length;
+    // Hints handed over before that collection was posted are in the workers' counts now (their
+    // messages came first); later ones are still on their way.
+    this.adopting = this.adopting.filter((a) => a.after > collection);
+    for (const a of this.adopting) totals.hintsPending += a.count;
     const latency = mergeSummaries(encoded, this.nodes.length);
     const nodes: Record<string, unknown> = {};
     this.nodes.forEach((node, i) => {
