@@ -1022,6 +1022,42 @@ describe('replicated route: reads while a hint waits', () => {
     }
   });
 
+  it('during a reload, the old worker still answering a kept connection knows the hints the new one holds', async () => {
+    const set = await heldSet('hn');
+    const config = storeConfig(set.nodes, { threads: 1 });
+    const first = await FrontDoor.start(config);
+    let second: FrontDoor | null = null;
+    const sockets: Socket[] = [];
+    const probeBoth = () => Promise.all([first, second!].map((door) => door.memberships[0]!.probeOnce()));
+    try {
+      // A connection the old worker keeps through its drain, and a write that keeps it draining.
+      const [kept] = await stampedConnection(first.port);
+      sockets.push(kept, await holdWrite(first, ((await first.stats()) as { requests: number }).requests + 1));
+      second = await first.reload(marked(config));
+      set.a.healthy = set.b.healthy = false;
+      await probeBoth();
+      // Writes through the new front door (its requests carry x-forwarded-for) until one lands
+      // there: its worker keeps the hints.
+      let value = '';
+      for (let i = 0; !set.c.received.some((r) => r.method === 'PUT' && r.body === value && r.headers['x-forwarded-for'] !== undefined); i++) {
+        assert.ok(i < 50, 'the new front door took none of 50 connections');
+        value = `fresh-${i}`;
+        assert.equal((await call(`${second.url}${key}`, { method: 'PUT', body: value, fresh: true })).status, 204);
+      }
+      set.a.behaviour = set.b.behaviour = { kind: 'replica', failWrites: true };
+      set.a.healthy = set.b.healthy = true;
+      set.c.healthy = false;
+      await probeBoth();
+      assert.match(await exchangeOn(kept, `GET ${key} HTTP/1.1\r\nhost: x\r\n\r\n`), new RegExp(`\r\n\r\n${value}$`));
+    } finally {
+      for (const s of sockets) s.destroy();
+      await first.stop();
+      await first.drained.catch(() => undefined);
+      await second?.stop();
+      await Promise.all(set.nodes.map((n) => n.stop()));
+    }
+  });
+
   it('after two reloads in a row, a read knows the hints the first front door still holds', async () => {
     const set = await heldSet('hc');
     const config = storeConfig(set.nodes, { threads: 1 });

@@ -67,6 +67,12 @@ port.on('message', (message: MainMessage) => {
     case 'reopen-log':
       running.reopenLog();
       break;
+    case 'hint-rows':
+      running.held.read(message.rows);
+      break;
+    case 'forget-hint-rows':
+      running.held.forget(message.door);
+      break;
     case 'adopt-hints':
       running.adoptHints(message.hints);
       send({ t: 'hints-adopted' });

@@ -324,8 +324,13 @@ export class HintStore {
   }
 }
 
-/** Another front door's hint rows (HeldHints), as a reload's successor reads its predecessor's. */
+/**
+ * Another front door's hint rows (HeldHints): a reload's successor reads those of the front
+ * doors still draining before it, and they read its.
+ */
 export interface HeldRows {
+  /** Which front door's (FrontDoor.doorId). */
+  readonly door: number;
   readonly buffer: SharedArrayBuffer;
   readonly slots: number;
   readonly nodes: number;
@@ -344,23 +349,34 @@ export interface HeldRows {
  * has them from its `drained` message on: counted twice a moment, never missed).
  *
  * After a reload the predecessors still draining keep their hints (and deliver them) until their
- * drains end, then hand them over: until then asking reads their rows too (`prior`).
+ * drains end, then hand them over; their workers still answer the requests on the connections
+ * they keep meanwhile. So until then each side reads the other's rows too (`others`).
  */
 export class HeldHints {
   private readonly lanes: Int32Array;
   private readonly own: number;
-  private readonly priorLanes: Int32Array[];
+  private others: { readonly rows: HeldRows; readonly lanes: Int32Array }[] = [];
 
   constructor(
     buffer: SharedArrayBuffer,
     private readonly slots: number,
     private readonly nodes: number,
     slot: number,
-    private readonly prior: readonly HeldRows[] = [],
+    others: readonly HeldRows[] = [],
   ) {
     this.lanes = new Int32Array(buffer, 0, slots * nodes);
     this.own = slot * nodes;
-    this.priorLanes = prior.map((rows) => new Int32Array(rows.buffer, 0, rows.slots * rows.nodes));
+    for (const rows of others) this.read(rows);
+  }
+
+  /** Reads another front door's rows too. */
+  read(rows: HeldRows): void {
+    this.others = [...this.others.filter((o) => o.rows.door !== rows.door), { rows, lanes: new Int32Array(rows.buffer, 0, rows.slots * rows.nodes) }];
+  }
+
+  /** Stops reading front door `door`'s rows. */
+  forget(door: number): void {
+    this.others = this.others.filter((o) => o.rows.door !== door);
   }
 
   static bytes(slots: number, nodes: number): number {
@@ -383,14 +399,15 @@ export class HeldHints {
     Atomics.add(this.lanes, this.own + node, delta);
   }
 
-  /** Whether any worker holds a hint for `node` (a reload's predecessor's included). */
+  /** Whether any thread holds a hint for `node` (those of the other front doors read included). */
   any(node: number): boolean {
     for (let s = 0; s < this.slots; s++) if (Atomics.load(this.lanes, s * this.nodes + node) > 0) return true;
-    for (let p = 0; p < this.prior.length; p++) {
-      const prior = this.prior[p]!;
-      const there = prior.map[node]!;
+    const others = this.others;
+    for (let o = 0; o < others.length; o++) {
+      const { rows, lanes } = others[o]!;
+      const there = rows.map[node]!;
       if (there < 0) continue;
-      for (let s = 0; s < prior.slots; s++) if (Atomics.load(this.priorLanes[p]!, s * prior.nodes + there) > 0) return true;
+      for (let s = 0; s < rows.slots; s++) if (Atomics.load(lanes, s * rows.nodes + there) > 0) return true;
     }
     return false;
   }

@@ -476,6 +476,8 @@ export class WorkerFront implements TunnelHost {
   private refusing: Arrival | null = null;
   /** `--forwarded-for append`: x-forwarded-for, -proto and -host to the nodes. */
   readonly forwardedFor: boolean;
+  /** The hints every thread holds, by replica (replicated reads ask nodes past the replicas while one waits). */
+  readonly held: HeldHints;
 
   constructor(
     private readonly init: WorkerInit,
@@ -492,12 +494,8 @@ export class WorkerFront implements TunnelHost {
     this.histograms = new NodeHistograms(init.nodes.length);
     this.agent = new H1Agent(sweepPeriodMs(init.settings.requestTimeoutMs));
     const failuresInRow = new Int32Array(init.failuresInRow);
-    const replication = {
-      clock: new VersionClock(init.versionSalt + init.slot),
-      region: init.region,
-      refresh: () => this.refresh(),
-      held: new HeldHints(init.hintsHeld, init.counterSlots, init.nodes.length, init.slot, init.priorHintsHeld),
-    };
+    this.held = new HeldHints(init.hintsHeld, init.counterSlots, init.nodes.length, init.slot, init.priorHintsHeld);
+    const replication = { clock: new VersionClock(init.versionSalt + init.slot), region: init.region, refresh: () => this.refresh(), held: this.held };
     this.runtimes = init.clusters.map(
       (spec) =>
         new ClusterRuntime(

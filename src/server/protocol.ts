@@ -206,6 +206,9 @@ export type MainMessage =
   | { readonly t: 'close-tunnels' }
   /** Hints a predecessor handed over (a reload): this worker delivers them now. */
   | { readonly t: 'adopt-hints'; readonly hints: readonly SavedHint[] }
+  /** A reload's successor's hint rows, for reads here while this front door drains; `forget-hint-rows`: no more (the reload failed). */
+  | { readonly t: 'hint-rows'; readonly rows: HeldRows }
+  | { readonly t: 'forget-hint-rows'; readonly door: number }
   /** Close every socket now (in-flight requests are cut) and end the thread. */
   | { readonly t: 'close-now' }
   /** Open the access log's file again (`SIGUSR1`: log rotation). */

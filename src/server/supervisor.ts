@@ -103,6 +103,9 @@ function appendTo<K, V>(map: Map<K, V[]>, key: K, items: readonly V[]): void {
 
 const WORKER_URL = new URL('../../workers/data-plane.js', import.meta.url);
 
+/** FrontDoor.doorId: one a front door in this process. */
+let nextDoorId = 1;
+
 /** How long past `drainTimeoutMs` a draining worker has to close its pools and end. */
 const STUCK_GRACE_MS = 5_000;
 /** How long the control plane waits for workers' histograms when answering `/stats`. */
@@ -147,6 +150,8 @@ export class FrontDoor extends EventEmitter {
   private readonly hintsHeld: SharedArrayBuffer;
   /** The hint rows of the front doors before a reload, while they drain (WorkerInit.priorHintsHeld). */
   private priorHintsHeld: readonly HeldRows[] = [];
+  /** This front door's in `HeldRows` (other front doors' workers read its hint rows). */
+  private readonly doorId = nextDoorId++;
   /** Per worker slot, the `adopt-hints` batches posted to it and not yet taken (`hints-adopted`). */
   private readonly postedHints = new Map<number, SavedHint[][]>();
   private readonly counterSlots: number;
@@ -342,7 +347,13 @@ export class FrontDoor extends EventEmitter {
     const next = new FrontDoor({ ...config, port: this.port });
     next.inheritsPort = true;
     next.carryHolds(this);
-    next.priorHintsHeld = next.heldRowsOf(this);
+    // Until their drains end, this front door and those still draining before it keep hints, and
+    // their workers still answer requests on the connections they keep: each reads the other's
+    // hint rows (a replicated read must know a hint waits wherever it is held).
+    const draining: FrontDoor[] = [];
+    for (let p: FrontDoor | null = this; p !== null; p = p.predecessor) draining.push(p);
+    next.priorHintsHeld = draining.map((p) => next.rowsOf(p));
+    for (const p of draining) p.readRowsOf(next);
     // Known from the start: closeNow on this one reaches a successor still starting.
     this.successor = next;
     this.successorStarting = true;
@@ -353,6 +364,7 @@ export class FrontDoor extends EventEmitter {
     } catch (err) {
       this.successorStarting = false;
       this.successor = null;
+      for (const p of draining) p.readRowsOf(next, true);
       await next.stop().catch(() => undefined);
       // Workers of it that listened may have served a few requests: they stay counted here.
       this.carry(next);
@@ -533,16 +545,12 @@ export class FrontDoor extends EventEmitter {
    */
   private totals(): TotalsById {
     const totals = totalsById(readTotals(this.counters, this.counterSlots, this.nodes.length), this.nodes.map((n) => n.id));
-    // Hints its stopped workers handed back, held until the hand-over (or the hints file): pending still.
+    // Hints its stopped workers handed back, held until the hand-over (or the hints file), and
+    // those kept for workers not started (or being replaced): pending still.
     totals.hintsPending += this.stoppedHints.length;
+    for (const share of this.hintsFor.values()) totals.hintsPending += share.length;
     if (this.carried !== null) addTotals(totals, this.carried);
-    const predecessor = this.predecessor;
-    if (predecessor !== null) {
-      const theirs = predecessor.totals();
-      // And those it kept for workers that never started.
-      theirs.hintsPending += [...predecessor.hintsFor.values()].reduce((n, list) => n + list.length, 0);
-      addTotals(totals, theirs);
-    }
+    if (this.predecessor !== null) addTotals(totals, this.predecessor.totals());
     return totals;
   }
 
@@ -804,17 +812,21 @@ export class FrontDoor extends EventEmitter {
   }
 
   /**
-   * `predecessor`'s hint rows, and those of the front doors it still reads (drains in a chain of
-   * reloads), as this configuration's node indices map onto theirs (by cluster name and node id):
-   * their workers keep their hints until their drains end, and reads here must know.
+   * `owner`'s hint rows, as this front door's node indices map onto its (by cluster name and node
+   * id): across a reload, each of the two reads the other's (see `reload`).
    */
-  private heldRowsOf(predecessor: FrontDoor): HeldRows[] {
+  private rowsOf(owner: FrontDoor): HeldRows {
     const map = new Int32Array(this.nodes.length).fill(-1);
-    const before = new Map<string, number>();
-    predecessor.nodes.forEach((node, g) => before.set(`${predecessor.clusters[node.cluster]!.name}\n${node.id}`, g));
-    this.nodes.forEach((node, g) => (map[g] = before.get(`${this.clusters[node.cluster]!.name}\n${node.id}`) ?? -1));
-    const through = (rows: HeldRows): HeldRows => ({ ...rows, map: map.map((there) => (there < 0 ? -1 : rows.map[there]!)) });
-    return [{ buffer: predecessor.hintsHeld, slots: predecessor.counterSlots, nodes: predecessor.nodes.length, map }, ...predecessor.priorHintsHeld.map(through)];
+    const there = new Map<string, number>();
+    owner.nodes.forEach((node, g) => there.set(`${owner.clusters[node.cluster]!.name}\n${node.id}`, g));
+    this.nodes.forEach((node, g) => (map[g] = there.get(`${this.clusters[node.cluster]!.name}\n${node.id}`) ?? -1));
+    return { door: owner.doorId, buffer: owner.hintsHeld, slots: owner.counterSlots, nodes: owner.nodes.length, map };
+  }
+
+  /** Its running workers read `door`'s hint rows too (`forget`: no longer). */
+  private readRowsOf(door: FrontDoor, forget = false): void {
+    const message: MainMessage = forget ? { t: 'forget-hint-rows', door: door.doorId } : { t: 'hint-rows', rows: this.rowsOf(door) };
+    for (const handle of this.running()) this.post(handle.worker, message);
   }
 
   private publish(): void {
