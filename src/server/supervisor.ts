@@ -9,7 +9,7 @@
 import type { AffinitySettings } from '../affinity/tickets.js';
 import { EventEmitter } from 'node:events';
 import { Buffer } from 'node:buffer';
-import { accessSync, closeSync, constants, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { accessSync, closeSync, constants, fsyncSync, openSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { createServer } from 'node:net';
 import { performance } from 'node:perf_hooks';
@@ -1155,8 +1155,28 @@ export function saveHints(file: string, hints: readonly SavedHint[]): number {
   const encoded = hints.map((h) => ({ ...h, body: h.body === null ? null : Buffer.from(h.body.buffer, h.body.byteOffset, h.body.byteLength).toString('base64') }));
   // The writes as the replicas get them, credentials included: readable by this user only.
   // A name of its own ('wx': never an existing file, which would keep its mode).
+  // On disk before it replaces the last one, and the rename on disk before the stop is said to
+  // have saved them (fsync of the file, then of its directory): a crash of the machine right
+  // after a stop leaves the old file or the new one, whole.
   const temporary = `${file}.${process.pid}.${Math.random().toString(36).slice(2)}.tmp`;
-  writeFileSync(temporary, JSON.stringify({ version: 1, hints: encoded }), { mode: 0o600, flag: 'wx' });
-  renameSync(temporary, file);
+  try {
+    const fd = openSync(temporary, 'wx', 0o600);
+    try {
+      writeFileSync(fd, JSON.stringify({ version: 1, hints: encoded }));
+      fsyncSync(fd);
+    } finally {
+      closeSync(fd);
+    }
+    renameSync(temporary, file);
+  } catch (err) {
+    rmSync(temporary, { force: true });
+    throw err;
+  }
+  const directory = openSync(dirname(file), 'r');
+  try {
+    fsyncSync(directory);
+  } finally {
+    closeSync(directory);
+  }
   return hints.length;
 }
