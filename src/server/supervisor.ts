@@ -389,6 +389,9 @@ export class FrontDoor extends EventEmitter {
       next.carry(this);
       next.predecessor = null;
       next.priorHintsHeld = [];
+      // Its hints are the successor's now (their adopt-hints messages went first): its rows, zero
+      // from here on, need no more reading.
+      next.readRowsOf(this, true);
     });
     this.drained = handover;
     // Rejected when a worker is stuck: whoever awaits `drained` hears of it, nobody else must.
