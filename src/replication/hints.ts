@@ -399,15 +399,21 @@ export class HeldHints {
     Atomics.add(this.lanes, this.own + node, delta);
   }
 
-  /** Whether any thread holds a hint for `node` (those of the other front doors read included). */
+  /**
+   * Whether any thread holds a hint for `node` (those of the other front doors read included).
+   * Plain reads (every replicated read asks, and `Atomics.load` is a call each): an aligned Int32
+   * is read whole, and a hint is counted (Atomics.add) before its write is acknowledged, so a read
+   * the client sends after that acknowledgement comes later than the count.
+   */
   any(node: number): boolean {
-    for (let s = 0; s < this.slots; s++) if (Atomics.load(this.lanes, s * this.nodes + node) > 0) return true;
+    const lanes = this.lanes;
+    for (let s = 0; s < this.slots; s++) if (lanes[s * this.nodes + node]! > 0) return true;
     const others = this.others;
     for (let o = 0; o < others.length; o++) {
-      const { rows, lanes } = others[o]!;
+      const { rows, lanes: theirs } = others[o]!;
       const there = rows.map[node]!;
       if (there < 0) continue;
-      for (let s = 0; s < rows.slots; s++) if (Atomics.load(lanes, s * rows.nodes + there) > 0) return true;
+      for (let s = 0; s < rows.slots; s++) if (theirs[s * rows.nodes + there]! > 0) return true;
     }
     return false;
   }
