@@ -231,6 +231,9 @@ describe('what counts toward ejection, and what does not', () => {
     assert.equal(event.node, hanging.id);
     assert.equal(event.code, 'LF_ERR_ATTEMPT_CUT_OFF');
     assert.equal(event.ejected, true);
+    // /stats counts them as the node's failures too.
+    const counted = (await call(`${front.url}/stats`)).json<{ nodes: Record<string, { failures: number }> }>().nodes[hanging.id]!;
+    assert.equal(counted.failures, EJECT_AFTER);
   });
 
   it('a hedge loser whose answer came while the worker was stalled past its grace is answered, not cut off', async () => {

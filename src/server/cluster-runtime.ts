@@ -417,7 +417,11 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     // A hedge loser cut off after its grace, unanswered: as a timeout of its own (Envoy reports a
     // hedge's per-try timeout so). Else hedging would hide a node that hangs: every hedged read's
     // hedge wins, and its loser counted neither way. (Cancelled for its client: neither way.)
-    else if (error === CUT_OFF) this.failing(g, op, CUT_OFF.code);
+    // Its time still feeds the latency window (how long the node took at least).
+    else if (error === CUT_OFF) {
+      this.slot.bumpNode(g, N_FAILURES);
+      this.failing(g, op, CUT_OFF.code);
+    }
     if (latencyMs >= 0) {
       this.windows[node]!.record(latencyMs);
       this.histograms.record(g, latencyMs * 1000);
