@@ -317,6 +317,28 @@ describe('front door: HTTP surface', () => {
     for (const name of [...names, 'connection']) assert.equal(headers[name], undefined, name);
   });
 
+  it('drops the headers a connection field names, both ways, with either upstream client (RFC 9110 7.6.1)', async () => {
+    const other = await FrontDoor.start(doorConfig(nodes, { upstreamClient: 'undici' }));
+    try {
+      for (const url of [server.url, other.url]) {
+        const [native] = await ranking(url, 'named-board');
+        const node = byId(nodes, native!);
+        node.received.length = 0;
+        node.behaviour = { kind: 'answer', headers: { connection: 'keep-alive, X-Internal', 'x-internal': 'leak', 'x-other': 'ok' } };
+        const head = `GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: named-board\r\nx-drop-me: 1\r\nx-keep: 1\r\nconnection: X-Drop-Me, close\r\n\r\n`;
+        const answer = await rawExchange(url, head);
+        assert.match(answer, /^HTTP\/1\.1 200/, url);
+        assert.match(answer, /\r\nx-other: ok\r\n/i, url);
+        assert.doesNotMatch(answer, /x-internal/i, `${url}: a header the node's connection field named`);
+        const headers = node.received[0]!.headers;
+        assert.equal(headers['x-keep'], '1');
+        assert.equal(headers['x-drop-me'], undefined, `${url}: a header the client's connection field named`);
+      }
+    } finally {
+      await other.stop();
+    }
+  });
+
   it('never forwards a CR, LF, NUL or other control byte in a header value', async () => {
     // The front door relies on uWS's parser here (it checks nothing per character itself): a
     // value with a bare CR or LF, a NUL or another control byte never reaches a handler.

@@ -116,6 +116,20 @@ export class HeaderFields {
     return out;
   }
 
+  /** Forgets every field whose name (lower case) is in `names`, keeping the others in order. */
+  dropNamed(names: readonly string[]): void {
+    const o = this.offsets;
+    let kept = 0;
+    for (let i = 0; i < this.count * 4; i += 4) {
+      const ns = o[i]!;
+      const ne = o[i + 1]!;
+      if (names.some((name) => name.length === ne - ns && nameIs(this.buf, ns, ne, name))) continue;
+      if (kept !== i) o.copyWithin(kept, i, i + 4);
+      kept += 4;
+    }
+    this.count = kept / 4;
+  }
+
   /** From [name, value, ...] buffers (undici's raw headers): one copy into a buffer of its own. */
   static fromRaw(raw: readonly Buffer[] | null): HeaderFields {
     const fields = new HeaderFields();
@@ -133,6 +147,25 @@ export class HeaderFields {
       fields.push(at, at + name.length, at + name.length, at + name.length + value.length);
       at += name.length + value.length;
     }
+    const connection = fields.find('connection');
+    if (connection !== null) {
+      const named = connectionNamed(connection);
+      if (named !== null) fields.dropNamed(named);
+    }
     return fields;
   }
+}
+
+/**
+ * The header names a `connection` field lists for its own hop (RFC 9110 7.6.1: a proxy does not
+ * forward them), lower case; null when it lists none but `close` and `keep-alive` (nearly always).
+ */
+export function connectionNamed(value: string): string[] | null {
+  if (value === 'keep-alive' || value === 'close' || value === 'Keep-Alive' || value === 'Close') return null;
+  let named: string[] | null = null;
+  for (const token of value.split(',')) {
+    const name = token.trim().toLowerCase();
+    if (name !== '' && name !== 'close' && name !== 'keep-alive') (named ??= []).push(name);
+  }
+  return named;
 }

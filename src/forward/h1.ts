@@ -25,7 +25,7 @@
 import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import { connect, type Socket } from 'node:net';
-import { HeaderFields, nameIs, parseDecimal } from './fields.js';
+import { HeaderFields, connectionNamed, nameIs, parseDecimal } from './fields.js';
 import { PrefixViews } from './prefix-views.js';
 
 /** Stable codes for client failures. */
@@ -448,6 +448,8 @@ class H1Connection {
     /** Transfer codings seen, in order, across every transfer-encoding line. */
     let codings: string | null = null;
     let keepAlive = minor === 1;
+    /** Names a connection field listed besides close and keep-alive. */
+    let hopNames: string[] | null = null;
     const fields = this.fields;
     fields.reset(buf);
     let line = eol + 2;
@@ -518,8 +520,13 @@ class H1Connection {
           if (nameIs(buf, line, colon, 'connection')) {
             relay = false;
             if (nameIs(buf, vs, ve, 'keep-alive')) keepAlive = true;
-            else if (nameIs(buf, vs, ve, 'close') || hasToken(buf, vs, ve, 'close')) keepAlive = false;
-            else if (hasToken(buf, vs, ve, 'keep-alive')) keepAlive = true;
+            else {
+              if (nameIs(buf, vs, ve, 'close') || hasToken(buf, vs, ve, 'close')) keepAlive = false;
+              else if (hasToken(buf, vs, ve, 'keep-alive')) keepAlive = true;
+              // Any other name it lists is a header of this hop only: not relayed.
+              const named = connectionNamed(buf.toString('latin1', vs, ve));
+              if (named !== null) (hopNames ??= []).push(...named);
+            }
           } else if (nameIs(buf, line, colon, 'keep-alive')) {
             relay = false;
             // Servers repeat the hint on every response; it is read once per connection.
@@ -543,6 +550,7 @@ class H1Connection {
       if (relay) fields.push(line, colon, vs, ve);
       line = j + 2;
     }
+    if (hopNames !== null) fields.dropNamed(hopNames);
     if (status < 200 && status !== 101) {
       // Interim response (100 Continue, 103 Early Hints): the real head follows.
       return headEnd;

@@ -19,7 +19,7 @@ import {
 } from '../contract.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { Exchange } from '../forward/exchange.js';
-import type { HeaderFields } from '../forward/fields.js';
+import { connectionNamed, type HeaderFields } from '../forward/fields.js';
 import { H1Agent, sweepPeriodMs } from '../forward/h1.js';
 import { UpstreamRequest } from '../forward/upstream.js';
 import { FLAG_HEALTHY, TableReader, type NodeRow } from '../membership/table.js';
@@ -927,6 +927,8 @@ export class WorkerFront implements TunnelHost {
     const tickets = route.tickets;
     scan.begin(keyHeader ?? '', tickets === null ? '' : tickets.header);
     req.forEach(scanHeader);
+    // Headers the connection field names are the client's hop's only (RFC 9110 7.6.1).
+    if (scan.connection !== '') dropConnectionNamed(scan.connection);
     if (this.forwardedFor) addForwarded(this.refusing === null ? clientAddress(res) : this.refusing.client, req.getHeader('host'));
     // Which of two lengths frames the body, or whether a transfer-encoding whose last coding is
     // not chunked frames it at all, is the request smuggler's question (RFC 9112 6.3): before
@@ -1058,6 +1060,17 @@ function addForwarded(client: string, host: string): void {
   if (host !== '') h.push('x-forwarded-host', host);
 }
 
+/** Takes the headers a request's `connection` field lists out of what is forwarded. */
+function dropConnectionNamed(list: string): void {
+  const named = connectionNamed(list);
+  if (named === null) return;
+  const h = scan.headers;
+  for (let i = 0; i < h.length; ) {
+    if (named.includes(h[i]!)) h.splice(i, 2);
+    else i += 2;
+  }
+}
+
 /**
  * What one pass over a request's headers found. Module state, filled by `scanHeader` during
  * `req.forEach` (one function for every request, not a closure each).
@@ -1078,6 +1091,8 @@ const scan = {
   codings: '',
   /** The upgrade header ('' when none). */
   upgrade: '',
+  /** The connection header's list ('' when none). */
+  connection: '',
   idempotent: false,
   begin(keyHeader: string, ticketHeader: string): void {
     this.keyHeader = keyHeader;
@@ -1091,6 +1106,7 @@ const scan = {
     this.chunked = false;
     this.codings = '';
     this.upgrade = '';
+    this.connection = '';
     this.idempotent = false;
   },
 };
@@ -1121,7 +1137,11 @@ function scanHeader(name: string, value: string): void {
       }
       break;
     case 10:
-      if (name === 'connection' || name === 'keep-alive') return;
+      if (name === 'connection') {
+        scan.connection = scan.connection === '' ? value : `${scan.connection}, ${value}`;
+        return;
+      }
+      if (name === 'keep-alive') return;
       break;
     case 14:
       if (name === 'content-length') {
