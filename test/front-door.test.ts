@@ -628,14 +628,39 @@ describe('front door: HTTP surface', () => {
     assert.ok(arrivals[0]! < arrivals[1]! && arrivals[1]! < arrivals[2]!, `arrivals out of ranking order: ${arrivals}`);
   });
 
-  it('answers 502 when a retryable request exhausts every candidate', async () => {
+  it('answers 502 when a retryable request exhausts every candidate, saying why each failed', async () => {
+    const order = await ranking(server.url, 'doomed-board');
     for (const n of nodes) n.behaviour = { kind: 'reset' };
+    byId(nodes, order[1]!).behaviour = { kind: 'answer', status: 503 };
     const reply = await rpc(server.url, 'query.execute', 'doomed-board');
     assert.equal(reply.status, 502);
-    const body = reply.json<{ code: string; attempted: string[] }>();
+    const body = reply.json<{ code: string; attempted: string[]; reasons: string[] }>();
     assert.equal(body.code, 'LF_ERR_ALL_CANDIDATES_FAILED');
-    assert.deepEqual(body.attempted, await ranking(server.url, 'doomed-board'));
+    assert.deepEqual(body.attempted, order);
+    assert.equal(body.reasons.length, 3);
+    assert.match(body.reasons[0]!, /^LF_ERR_\w+: .*(closed|reset)/i);
+    assert.equal(body.reasons[1], 'answered 503');
+    assert.match(body.reasons[2]!, /^LF_ERR_\w+: .*(closed|reset)/i);
     for (const n of nodes) assert.equal(n.hits(), 1);
+  });
+
+  it('answers 502 for an answer over 64 MiB, naming the limit, and asks no other node for it', async () => {
+    // No hedging here: the node takes a while to send 64 MiB, and a hedge would be a second ask.
+    const door = await FrontDoor.start(doorConfig(nodes, { hedgeMode: 'off' }));
+    try {
+      const [native] = await ranking(door.url, 'huge-board');
+      const body = 'x'.repeat(64 * 1024 * 1024 + 1);
+      byId(nodes, native!).behaviour = { kind: 'answer', body, headers: { 'content-length': String(body.length) } };
+      const reply = await call(`${door.url}/rpc/query.execute`, { headers: { 'x-lakefront-board': 'huge-board' } });
+      assertFailure(reply, 502, 'LF_ERR_UPSTREAM_RESPONSE_TOO_LARGE');
+      assert.match(reply.json<{ error: string }>().error, /64 MiB/);
+      for (const n of nodes) assert.equal(n.hits(), n.id === native ? 1 : 0, `${n.id} was asked`);
+      // Without a length, as chunks: refused at the chunk that passes the limit.
+      byId(nodes, native!).behaviour = { kind: 'answer', body };
+      assertFailure(await call(`${door.url}/rpc/query.execute`, { headers: { 'x-lakefront-board': 'huge-board' } }), 502, 'LF_ERR_UPSTREAM_RESPONSE_TOO_LARGE');
+    } finally {
+      await door.stop();
+    }
   });
 
   it('agrees with a second, independent front door on every ranking', async () => {

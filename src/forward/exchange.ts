@@ -168,6 +168,13 @@ export class Exchange implements HedgeWaiter {
   headers: unknown = null;
   body: Buffer | null = null;
   failure: ExchangeFailure | null = null;
+  /**
+   * Per ordinal, why an attempt did not give the answer (its error, or the 502-504 it answered
+   * and another node was tried for), once one has: a failure's detail. Null while none failed.
+   */
+  reasons: string[] | null = null;
+  /** An attempt's answer was larger than the front door relays: no other node is tried for it. */
+  private tooLarge = false;
   /** Duration of the winning attempt, milliseconds. */
   latencyMs = 0;
   /**
@@ -256,6 +263,7 @@ export class Exchange implements HedgeWaiter {
     if (!this.finish(ordinal)) return;
     if (this.done) return;
     if (this.retryable && isGatewayFailure(status) && !(ordinal === 0 && this.ownNodeFirst && isBackOff(status, headers))) {
+      (this.reasons ??= [])[ordinal] = `answered ${status}`;
       this.next(false, ordinal);
       return;
     }
@@ -282,6 +290,9 @@ export class Exchange implements HedgeWaiter {
   failed(ordinal: number, error: unknown): void {
     if (!this.finish(ordinal)) return;
     if (this.done) return;
+    (this.reasons ??= [])[ordinal] = describeFailure(error);
+    // The same resource is as large elsewhere: another node's copy is not fetched too.
+    if ((error as { code?: unknown } | null)?.code === ErrorCodes.RESPONSE_TOO_LARGE) this.tooLarge = true;
     const unsent = isUnsent(error);
     this.next(this.failoverUnsent && unsent, ordinal, unsent);
   }
@@ -297,9 +308,9 @@ export class Exchange implements HedgeWaiter {
     // hedged): waiting on it could take the whole request timeout, so the next node is tried.
     if (this.inflight > 0) {
       const racerFailed = this.hedged && ordinal === this.launched - 1;
-      if (!racerFailed || !(this.retryable || unsentSafe) || this.launched >= this.count) return;
+      if (!racerFailed || this.tooLarge || !(this.retryable || unsentSafe) || this.launched >= this.count) return;
     }
-    if ((this.retryable || unsentSafe) && this.launched < this.count) {
+    if ((this.retryable || unsentSafe) && this.launched < this.count && !this.tooLarge) {
       this.driver.counters.failover();
       // The wait was for the failed primary's trigger; the new primary gets its own.
       this.leaveWaitList();
@@ -309,7 +320,9 @@ export class Exchange implements HedgeWaiter {
       this.armHedge();
       return;
     }
-    if (this.retryable) {
+    if (this.tooLarge) {
+      this.fail(ErrorCodes.RESPONSE_TOO_LARGE, 502, 'the node answered with more than the front door relays (64 MiB); no other node was asked');
+    } else if (this.retryable) {
       this.fail(ErrorCodes.ALL_CANDIDATES_FAILED, 502, 'every candidate node failed');
     } else if (unsent) {
       // Provably never sent (the connection was refused, or it never left the queue): the
@@ -431,6 +444,17 @@ export class Exchange implements HedgeWaiter {
     this.status = status;
     this.driver.settle(this);
   }
+}
+
+/** An attempt's failure as a 502 says it: its code and message. */
+export function describeFailure(error: unknown): string {
+  if (typeof error === 'object' && error !== null) {
+    const { code, message } = error as { code?: unknown; message?: unknown };
+    if (typeof code === 'string' && typeof message === 'string' && message !== '') return `${code}: ${message}`;
+    if (typeof code === 'string') return code;
+    if (typeof message === 'string') return message;
+  }
+  return String(error);
 }
 
 function onHedgeTimer(exchange: Exchange): void {

@@ -384,7 +384,11 @@ class H1Connection {
             return;
           }
           if (size === 0) this.phase = Phase.Trailers;
-          else {
+          else if (this.bodyBytes + size > this.pool.maxResponseBytes) {
+            // Said before its bytes come (the last chunk could otherwise complete the answer).
+            this.destroy(new H1Error(H1Codes.TOO_LARGE, 'response larger than the limit'));
+            return;
+          } else {
             this.remaining = size;
             this.phase = Phase.ChunkData;
           }

@@ -305,11 +305,14 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     if (failure !== null) {
       const attempted: string[] = [];
       for (let i = 0; i < exchange.launched; i++) attempted.push(runtime.ids[exchange.candidates[i]!]!);
+      // Why each attempt gave no answer, in order (as nginx's error log would say it).
+      const reasons = exchange.reasons;
+      const detail = reasons === null ? { attempted } : { attempted, reasons: attempted.map((_, i) => reasons[i] ?? 'cut off (another attempt ended the request)') };
       res
         .writeStatus(statusBytes(failure.status))
         .writeHeader('content-type', JSON_TYPE)
         .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0');
-      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, { attempted }), close, this.method === 'HEAD');
+      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, detail), close, this.method === 'HEAD');
       return;
     }
     // uWS writes `200 OK` itself when no status was written: one native call fewer for most.
