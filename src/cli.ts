@@ -109,7 +109,7 @@ async function main(): Promise<void> {
   /**
    * SIGHUP, when a configuration file was given: it is read again and a front door running it
    * takes over the port (`FrontDoor.reload`); a bad file, or one that cannot start, changes
-   * nothing. Without one SIGHUP keeps its default meaning (a hang-up ends the process).
+   * nothing. Without one, SIGHUP is said on stderr and changes nothing.
    */
   const reload = (): void => {
     if (signals > 0) return;
@@ -203,6 +203,9 @@ async function main(): Promise<void> {
       );
   };
   if (configFile !== null) process.on('SIGHUP', reload);
+  // Without one there is nothing to read again; a reload (as an init system sends it) must not
+  // end the front door, so it is said and nothing changes.
+  else process.on('SIGHUP', () => process.stderr.write('lakefront: SIGHUP: nothing to reload (no --config); still serving\n'));
   // SIGUSR1, as nginx: every worker opens the access log's file again (logrotate moved it). It
   // also keeps Node from opening its inspector on that signal, which a front door does not want.
   process.on('SIGUSR1', () => door.reopenAccessLog());
