@@ -924,6 +924,22 @@ describe('replicated route: reads while a hint waits', () => {
 
   const marked = (config: FrontDoorConfig): FrontDoorConfig => ({ ...config, settings: { ...config.settings, forwardedFor: true } });
 
+  /** a and b down, `key` written (c and the stand-ins d and e take it), then `backRefusingHints`. */
+  async function freshOnStandIns(door: FrontDoor, set: { a: FakeNode; b: FakeNode; c: FakeNode }): Promise<void> {
+    await takeDown(door, set.a, set.b);
+    assert.equal((await call(`${door.url}${key}`, { method: 'PUT', body: 'fresh' })).status, 204);
+    await backRefusingHints(door, set);
+  }
+
+  /** Stops the front doors in order (waiting out each one's drain), then the nodes. */
+  async function stopAll(doors: (FrontDoor | null)[], nodes: FakeNode[]): Promise<void> {
+    for (const door of doors) {
+      await door?.stop();
+      await door?.drained.catch(() => undefined);
+    }
+    await Promise.all(nodes.map((n) => n.stop()));
+  }
+
   it('a write only stand-ins and a replica now down acknowledged is read back from any worker until its hints are handed over', async () => {
     const set = await heldSet('h');
     const { nodes, a, b, c, d, e } = set;
@@ -964,9 +980,7 @@ describe('replicated route: reads while a hint waits', () => {
     let second: FrontDoor | null = null;
     let held: Socket | null = null;
     try {
-      await takeDown(first, set.a, set.b);
-      assert.equal((await call(`${first.url}${key}`, { method: 'PUT', body: 'fresh' })).status, 204);
-      await backRefusingHints(first, set);
+      await freshOnStandIns(first, set);
       // A write that never finishes keeps the old worker draining, with its hints.
       held = await holdWrite(first, ((await first.stats()) as { requests: number }).requests + 1);
       second = await first.reload(marked(config));
@@ -974,10 +988,7 @@ describe('replicated route: reads while a hint waits', () => {
       assert.equal(first.hintsLost(), 0);
     } finally {
       held?.destroy();
-      await first.stop();
-      await first.drained.catch(() => undefined);
-      await second?.stop();
-      await Promise.all(set.nodes.map((n) => n.stop()));
+      await stopAll([first, second], set.nodes);
     }
   });
 
@@ -1015,10 +1026,7 @@ describe('replicated route: reads while a hint waits', () => {
       assert.equal(got.text, 'fresh', `${got.status}`);
     } finally {
       for (const s of sockets) s.destroy();
-      await first.stop();
-      await first.drained.catch(() => undefined);
-      await second?.stop();
-      await Promise.all(set.nodes.map((n) => n.stop()));
+      await stopAll([first, second], set.nodes);
     }
   });
 
@@ -1051,10 +1059,7 @@ describe('replicated route: reads while a hint waits', () => {
       assert.match(await exchangeOn(kept, `GET ${key} HTTP/1.1\r\nhost: x\r\n\r\n`), new RegExp(`\r\n\r\n${value}$`));
     } finally {
       for (const s of sockets) s.destroy();
-      await first.stop();
-      await first.drained.catch(() => undefined);
-      await second?.stop();
-      await Promise.all(set.nodes.map((n) => n.stop()));
+      await stopAll([first, second], set.nodes);
     }
   });
 
@@ -1066,21 +1071,14 @@ describe('replicated route: reads while a hint waits', () => {
     let third: FrontDoor | null = null;
     let held: Socket | null = null;
     try {
-      await takeDown(first, set.a, set.b);
-      assert.equal((await call(`${first.url}${key}`, { method: 'PUT', body: 'fresh' })).status, 204);
-      await backRefusingHints(first, set);
+      await freshOnStandIns(first, set);
       held = await holdWrite(first, ((await first.stats()) as { requests: number }).requests + 1);
       second = await first.reload(config);
       third = await second.reload(marked(config));
       await readUntilServedBy(third, set.a);
     } finally {
       held?.destroy();
-      await first.stop();
-      await first.drained.catch(() => undefined);
-      await second?.stop();
-      await second?.drained.catch(() => undefined);
-      await third?.stop();
-      await Promise.all(set.nodes.map((n) => n.stop()));
+      await stopAll([first, second, third], set.nodes);
     }
   });
 });
