@@ -339,6 +339,31 @@ describe('front door: HTTP surface', () => {
     }
   });
 
+  it('takes --max-response-bytes as the limit, with either upstream client', async () => {
+    const [native] = await ranking(server.url, 'limit-board');
+    byId(nodes, native!).behaviour = { kind: 'answer', body: 'y'.repeat(2048) };
+    for (const upstreamClient of ['h1', 'undici'] as const) {
+      const door = await FrontDoor.start(doorConfig(nodes, { upstreamClient, hedgeMode: 'off', maxResponseBytes: 2047 }));
+      try {
+        const reply = await call(`${door.url}/rpc/query.execute`, { headers: { 'x-lakefront-board': 'limit-board' } });
+        assertFailure(reply, 502, 'LF_ERR_UPSTREAM_RESPONSE_TOO_LARGE');
+        for (const n of nodes) assert.equal(n.hits(), n.id === native ? 1 : 0, `${upstreamClient}: ${n.id} was asked`);
+        for (const n of nodes) n.received.length = 0;
+      } finally {
+        await door.stop();
+      }
+    }
+    const door = await FrontDoor.start(doorConfig(nodes, { maxResponseBytes: 2048 }));
+    try {
+      const reply = await call(`${door.url}/rpc/query.execute`, { headers: { 'x-lakefront-board': 'limit-board' } });
+      assert.equal(reply.status, 200, 'an answer of the limit exactly');
+      assert.equal(reply.text.length, 2048);
+    } finally {
+      await door.stop();
+    }
+    await assert.rejects(FrontDoor.start(doorConfig(nodes, { maxResponseBytes: 10 })), /^ConfigError: maxResponseBytes: bad value 10 \(bytes, 1024-1073741824\)$/);
+  });
+
   it('never forwards a CR, LF, NUL or other control byte in a header value', async () => {
     // The front door relies on uWS's parser here (it checks nothing per character itself): a
     // value with a bare CR or LF, a NUL or another control byte never reaches a handler.
@@ -644,7 +669,7 @@ describe('front door: HTTP surface', () => {
     for (const n of nodes) assert.equal(n.hits(), 1);
   });
 
-  it('answers 502 for an answer over 64 MiB, naming the limit, and asks no other node for it', async () => {
+  it('answers 502 for an answer over 64 MiB (the default limit), and asks no other node for it', async () => {
     // No hedging here: the node takes a while to send 64 MiB, and a hedge would be a second ask.
     const door = await FrontDoor.start(doorConfig(nodes, { hedgeMode: 'off' }));
     try {
@@ -653,7 +678,8 @@ describe('front door: HTTP surface', () => {
       byId(nodes, native!).behaviour = { kind: 'answer', body, headers: { 'content-length': String(body.length) } };
       const reply = await call(`${door.url}/rpc/query.execute`, { headers: { 'x-lakefront-board': 'huge-board' } });
       assertFailure(reply, 502, 'LF_ERR_UPSTREAM_RESPONSE_TOO_LARGE');
-      assert.match(reply.json<{ error: string }>().error, /64 MiB/);
+      assert.match(reply.json<{ error: string }>().error, /--max-response-bytes/);
+      assert.match(reply.json<{ reasons: string[] }>().reasons[0]!, /limit of 67108864 bytes/);
       for (const n of nodes) assert.equal(n.hits(), n.id === native ? 1 : 0, `${n.id} was asked`);
       // Without a length, as chunks: refused at the chunk that passes the limit.
       byId(nodes, native!).behaviour = { kind: 'answer', body };

@@ -292,7 +292,8 @@ export class Exchange implements HedgeWaiter {
     if (this.done) return;
     (this.reasons ??= [])[ordinal] = describeFailure(error);
     // The same resource is as large elsewhere: another node's copy is not fetched too.
-    if ((error as { code?: unknown } | null)?.code === ErrorCodes.RESPONSE_TOO_LARGE) this.tooLarge = true;
+    const code = (error as { code?: unknown } | null)?.code;
+    if (code === ErrorCodes.RESPONSE_TOO_LARGE || code === 'UND_ERR_RES_EXCEEDED_MAX_SIZE') this.tooLarge = true;
     const unsent = isUnsent(error);
     this.next(this.failoverUnsent && unsent, ordinal, unsent);
   }
@@ -321,7 +322,7 @@ export class Exchange implements HedgeWaiter {
       return;
     }
     if (this.tooLarge) {
-      this.fail(ErrorCodes.RESPONSE_TOO_LARGE, 502, 'the node answered with more than the front door relays (64 MiB); no other node was asked');
+      this.fail(ErrorCodes.RESPONSE_TOO_LARGE, 502, 'the node answered with more than the front door relays (--max-response-bytes); no other node was asked');
     } else if (this.retryable) {
       this.fail(ErrorCodes.ALL_CANDIDATES_FAILED, 502, 'every candidate node failed');
     } else if (unsent) {

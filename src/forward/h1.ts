@@ -386,7 +386,7 @@ class H1Connection {
           if (size === 0) this.phase = Phase.Trailers;
           else if (this.bodyBytes + size > this.pool.maxResponseBytes) {
             // Said before its bytes come (the last chunk could otherwise complete the answer).
-            this.destroy(new H1Error(H1Codes.TOO_LARGE, 'response larger than the limit'));
+            this.destroy(new H1Error(H1Codes.TOO_LARGE, `response larger than the limit of ${this.pool.maxResponseBytes} bytes`));
             return;
           } else {
             this.remaining = size;
@@ -422,7 +422,7 @@ class H1Connection {
       }
       if (this.closed) return;
     }
-    if (this.bodyBytes > this.pool.maxResponseBytes) this.destroy(new H1Error(H1Codes.TOO_LARGE, 'response larger than the limit'));
+    if (this.bodyBytes > this.pool.maxResponseBytes) this.destroy(new H1Error(H1Codes.TOO_LARGE, `response larger than the limit of ${this.pool.maxResponseBytes} bytes`));
   }
 
   /**
@@ -583,7 +583,7 @@ class H1Connection {
       }
     } else if (contentLength >= 0) {
       if (contentLength > this.pool.maxResponseBytes) {
-        this.destroy(new H1Error(H1Codes.TOO_LARGE, 'response larger than the limit'));
+        this.destroy(new H1Error(H1Codes.TOO_LARGE, `response larger than the limit of ${this.pool.maxResponseBytes} bytes`));
         return HEAD_DONE;
       }
       if (contentLength === 0) {

@@ -86,6 +86,8 @@ export interface TransportOptions {
   readonly connections: number;
   readonly requestTimeoutMs: number;
   readonly cancelGraceMs: number;
+  /** The largest answer taken (default: the h1 client's 64 MiB, undici's none). */
+  readonly maxResponseBytes?: number;
 }
 
 /**
@@ -209,7 +211,11 @@ class H1Transport implements NodeTransport {
     readonly observer: AttemptObserver,
     readonly cancelGraceMs = options.cancelGraceMs,
   ) {
-    this.pool = agent.pool(url, { connections: options.connections, requestTimeoutMs: options.requestTimeoutMs });
+    this.pool = agent.pool(url, {
+      connections: options.connections,
+      requestTimeoutMs: options.requestTimeoutMs,
+      ...(options.maxResponseBytes !== undefined ? { maxResponseBytes: options.maxResponseBytes } : {}),
+    });
   }
 
   attempt(exchange: AttemptSink, ordinal: number, node: number, request: UpstreamRequest): AttemptHandle {
@@ -357,6 +363,7 @@ class UndiciTransport implements NodeTransport {
       headersTimeout: options.requestTimeoutMs,
       bodyTimeout: options.requestTimeoutMs,
       connect: { timeout: Math.min(options.requestTimeoutMs, 5_000) },
+      ...(options.maxResponseBytes !== undefined ? { maxResponseSize: options.maxResponseBytes } : {}),
     });
   }
 

@@ -208,6 +208,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       connections: settings.upstreamConnections,
       requestTimeoutMs: settings.requestTimeoutMs,
       cancelGraceMs: settings.cancelGraceMs,
+      ...(settings.maxResponseBytes !== undefined ? { maxResponseBytes: settings.maxResponseBytes } : {}),
     };
     this.transports = spec.nodes.map((g) => createTransport(settings.upstreamClient, nodes[g]!.url, transportOptions, this, agent));
     this.windows = spec.nodes.map(() => new SampleWindow());

@@ -124,6 +124,11 @@ export interface DataPlaneSettings {
    * eject it (Membership.eject). 0: never. Default 5.
    */
   readonly ejectAfter?: number;
+  /**
+   * The largest answer relayed from a node, bytes (answers are buffered whole): a larger one is a
+   * 502 `LF_ERR_UPSTREAM_RESPONSE_TOO_LARGE`, and no other node is asked. Default 64 MiB.
+   */
+  readonly maxResponseBytes?: number;
 }
 
 export interface WorkerInit {

@@ -9,6 +9,8 @@ import type { RouteConfig } from './supervisor.js';
 
 export const DEFAULT_HOST = '0.0.0.0';
 export const DEFAULT_MAX_BODY_BYTES = 1024 * 1024;
+/** The largest answer relayed from a node (answers are buffered whole). */
+export const DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
 export const DEFAULT_UPSTREAM_CONNECTIONS = 64;
 export const DEFAULT_DRAIN_TIMEOUT_MS = 10_000;
 export const DEFAULT_CANCEL_GRACE_MS = 250;
@@ -37,6 +39,7 @@ export function defaultSettings(overrides: Partial<DataPlaneSettings> = {}): Dat
     hedgeBudgetPercent: overrides.hedgeBudgetPercent ?? DEFAULT_HEDGE_BUDGET_PERCENT,
     requestTimeoutMs: overrides.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS,
     maxBodyBytes: overrides.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
+    maxResponseBytes: overrides.maxResponseBytes ?? DEFAULT_MAX_RESPONSE_BYTES,
     upstreamClient: overrides.upstreamClient ?? 'h1',
     upstreamConnections: overrides.upstreamConnections ?? DEFAULT_UPSTREAM_CONNECTIONS,
     cancelGraceMs: overrides.cancelGraceMs ?? DEFAULT_CANCEL_GRACE_MS,

@@ -203,6 +203,10 @@ export class FrontDoor extends EventEmitter {
       throw new ConfigError(`unreachableHoldMs: bad value ${String(hold)} (milliseconds, 0-3600000)`);
     }
     const { ejectMs = DEFAULT_EJECT_MS, ejectMaxPercent = DEFAULT_EJECT_MAX_PERCENT } = config;
+    const maxResponse = config.settings.maxResponseBytes;
+    if (maxResponse !== undefined && !(Number.isInteger(maxResponse) && maxResponse >= 1024 && maxResponse <= 1024 * 1024 * 1024)) {
+      throw new ConfigError(`maxResponseBytes: bad value ${String(maxResponse)} (bytes, 1024-1073741824)`);
+    }
     const ejectAfter = config.settings.ejectAfter;
     if (ejectAfter !== undefined && !(Number.isInteger(ejectAfter) && ejectAfter >= 0 && ejectAfter <= 1000)) {
       throw new ConfigError(`ejectAfter: bad value ${String(ejectAfter)} (failed attempts in a row, 0-1000; 0: never eject)`);
