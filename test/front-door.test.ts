@@ -663,9 +663,11 @@ describe('front door: HTTP surface', () => {
     assert.equal(body.code, 'LF_ERR_ALL_CANDIDATES_FAILED');
     assert.deepEqual(body.attempted, order);
     assert.equal(body.reasons.length, 3);
-    assert.match(body.reasons[0]!, /^LF_ERR_\w+: .*(closed|reset)/i);
+    // A reset: the front door's own code with its words, or the system's code alone (its message
+    // names the node's address).
+    for (const i of [0, 2]) assert.match(body.reasons[i]!, /^(LF_ERR_\w+: .*closed.*|ECONNRESET|EPIPE)$/, body.reasons[i]);
     assert.equal(body.reasons[1], 'answered 503');
-    assert.match(body.reasons[2]!, /^LF_ERR_\w+: .*(closed|reset)/i);
+    assert.doesNotMatch(JSON.stringify(body), /127\.0\.0\.1/, 'no node address');
     for (const n of nodes) assert.equal(n.hits(), 1);
   });
 

@@ -447,15 +447,15 @@ export class Exchange implements HedgeWaiter {
   }
 }
 
-/** An attempt's failure as a 502 says it: its code and message. */
+/**
+ * An attempt's failure as a 502 tells the client: the front door's own errors with their message;
+ * any other only by its code (ECONNRESET, UND_ERR_HEADERS_TIMEOUT): the system's messages name
+ * the node's address, which is not the client's business.
+ */
 export function describeFailure(error: unknown): string {
-  if (typeof error === 'object' && error !== null) {
-    const { code, message } = error as { code?: unknown; message?: unknown };
-    if (typeof code === 'string' && typeof message === 'string' && message !== '') return `${code}: ${message}`;
-    if (typeof code === 'string') return code;
-    if (typeof message === 'string') return message;
-  }
-  return String(error);
+  const { code, message } = (typeof error === 'object' && error !== null ? error : {}) as { code?: unknown; message?: unknown };
+  if (typeof code !== 'string') return 'failed (no error code)';
+  return code.startsWith('LF_ERR_') && typeof message === 'string' && message !== '' ? `${code}: ${message}` : code;
 }
 
 function onHedgeTimer(exchange: Exchange): void {
