@@ -140,6 +140,8 @@ export class FrontDoor extends EventEmitter {
   readonly router: Router;
   private readonly config: FrontDoorConfig;
   private readonly nodes: NodeSpec[];
+  /** Global node index by cluster name and node id (`nodeIndex`): how front doors match nodes across a reload. */
+  private readonly nodeKeys = new Map<string, number>();
   private readonly clusters: ClusterSpec[];
   private readonly routes: RouteSpec[];
   private readonly table: TableWriter;
@@ -235,6 +237,7 @@ export class FrontDoor extends EventEmitter {
           throw new ConfigError(`node "${member.id}": ${member.url} is https, which the built-in upstream client does not speak (use --upstream-client undici)`);
         }
         indices.push(this.nodes.length);
+        this.nodeKeys.set(`${cluster.name}\n${member.id}`, this.nodes.length);
         this.nodes.push({ id: member.id, url: member.url, cluster: clusterIndex, region: member.region ?? null });
       }
       this.clusters.push({ name: cluster.name, nodes: indices, policySettings: { ...DEFAULT_POLICY_SETTINGS, ...cluster.policySettings }, leaderBased: cluster.leader === 'etcd' });
@@ -441,9 +444,12 @@ export class FrontDoor extends EventEmitter {
   /** The global index of the replica a hint is for, or -1 (its route or node not configured here). */
   private globalNodeOf(hint: SavedHint): number {
     const route = this.routes.find((r) => r.pattern === hint.route && r.quorum !== null);
-    if (route === undefined) return -1;
-    for (const g of this.clusters[route.cluster]!.nodes) if (this.nodes[g]!.id === hint.node) return g;
-    return -1;
+    return route === undefined ? -1 : this.nodeIndex(this.clusters[route.cluster]!.name, hint.node);
+  }
+
+  /** The global index of node `id` of cluster `cluster`, or -1. */
+  private nodeIndex(cluster: string, id: string): number {
+    return this.nodeKeys.get(`${cluster}\n${id}`) ?? -1;
   }
 
   /**
@@ -636,9 +642,7 @@ export class FrontDoor extends EventEmitter {
     let slot = 0;
     const shares = new Map<number, SavedHint[]>();
     for (const hint of [...hints].sort((a, b) => a.expiresAt - b.expiresAt)) {
-      const route = this.routes.find((r) => r.pattern === hint.route && r.quorum !== null);
-      const known = route !== undefined && this.clusters[route.cluster]!.nodes.some((g) => this.nodes[g]!.id === hint.node);
-      if (!known) {
+      if (this.globalNodeOf(hint) < 0) {
         dropped++;
         this.unconfiguredHints++;
         this.mainSlot.bump(C_HINTS_LOST);
@@ -823,10 +827,7 @@ export class FrontDoor extends EventEmitter {
    * id): across a reload, each of the two reads the other's (see `reload`).
    */
   private rowsOf(owner: FrontDoor): HeldRows {
-    const map = new Int32Array(this.nodes.length).fill(-1);
-    const there = new Map<string, number>();
-    owner.nodes.forEach((node, g) => there.set(`${owner.clusters[node.cluster]!.name}\n${node.id}`, g));
-    this.nodes.forEach((node, g) => (map[g] = there.get(`${this.clusters[node.cluster]!.name}\n${node.id}`) ?? -1));
+    const map = Int32Array.from(this.nodes, (node) => owner.nodeIndex(this.clusters[node.cluster]!.name, node.id));
     return { door: owner.doorId, buffer: owner.hintsHeld, slots: owner.counterSlots, nodes: owner.nodes.length, map };
   }
 
@@ -1035,8 +1036,7 @@ export class FrontDoor extends EventEmitter {
     const serving = this.serving;
     const node = this.nodes[g];
     if (serving === this || node === undefined) return [this, g];
-    const cluster = this.clusters[node.cluster]!.name;
-    const there = serving.nodes.findIndex((n) => n.id === node.id && serving.clusters[n.cluster]!.name === cluster);
+    const there = serving.nodeIndex(this.clusters[node.cluster]!.name, node.id);
     return there < 0 ? [null, -1] : [serving, there];
   }
 
