@@ -4,7 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { Buffer } from 'node:buffer';
-import { once } from 'node:events';
+import { EventEmitter, once } from 'node:events';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -362,6 +362,84 @@ describe('front door: HTTP surface', () => {
       await door.stop();
     }
     await assert.rejects(FrontDoor.start(doorConfig(nodes, { maxResponseBytes: 10 })), /^ConfigError: maxResponseBytes: bad value 10 \(bytes, 1024-1073741824\)$/);
+  });
+
+  it('keeps --request-timeout-ms with either upstream client (undici\'s own timers fire up to a second late)', async () => {
+    // Every node answers 600 ms after the timeout: the answer must be the timeout's 502, from the
+    // one node asked (a bare write is not sent again), not the node's late 200.
+    for (const n of nodes) n.behaviour = { kind: 'answer', delayMs: 900 };
+    for (const upstreamClient of ['h1', 'undici'] as const) {
+      const door = await FrontDoor.start(doorConfig(nodes, { upstreamClient, hedgeMode: 'off', requestTimeoutMs: 300 }));
+      try {
+        const reply = await call(`${door.url}/rpc/board.write`, { method: 'POST', body: '{}', headers: { 'x-lakefront-board': 'late-board' } });
+        assert.equal(reply.status, 502, `${upstreamClient}: ${reply.text}`);
+        const { reasons } = reply.json<{ reasons: string[] }>();
+        assert.match(reasons.join(' '), upstreamClient === 'h1' ? /LF_ERR_UPSTREAM_TIMEOUT/ : /UND_ERR_HEADERS_TIMEOUT/, upstreamClient);
+        assert.equal(nodes.reduce((sum, n) => sum + n.hits(), 0), 1, `${upstreamClient}: one node asked`);
+        for (const n of nodes) n.received.length = 0;
+      } finally {
+        await door.stop();
+      }
+    }
+  });
+
+  it('times out a request still waiting for a connection after --request-timeout-ms, unsent, with either upstream client', async () => {
+    // One node, one connection to it. Each answer trickles its body a byte every 150 ms (600 ms
+    // in all, no gap past the 300 ms timeout), so the connection stays busy with the first
+    // request while the second waits for it. (Health probes come on connections of their own.)
+    let seen = 0;
+    const arrived = new EventEmitter();
+    const trickler = createServer((socket) => {
+      let head = '';
+      socket.on('data', (data) => {
+        head += data.toString('latin1');
+        if (head.startsWith('GET /health ') && head.endsWith('\r\n\r\n')) {
+          head = '';
+          socket.write('HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n');
+          return;
+        }
+        if (!head.endsWith('\r\n\r\n{}')) return;
+        head = '';
+        seen++;
+        arrived.emit('request');
+        socket.write('HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n');
+        let sent = 0;
+        const timer = setInterval(() => {
+          socket.write('abcd'[sent++]!);
+          if (sent === 4) clearInterval(timer);
+        }, 150);
+        socket.on('close', () => clearInterval(timer));
+      });
+    });
+    trickler.listen(0, '127.0.0.1');
+    await once(trickler, 'listening');
+    const node = { id: 'trickler', url: `http://127.0.0.1:${(trickler.address() as { port: number }).port}` } as FakeNode;
+    try {
+      for (const upstreamClient of ['h1', 'undici'] as const) {
+        seen = 0;
+        const door = await FrontDoor.start(doorConfig([node], { upstreamClient, upstreamConnections: 1, hedgeMode: 'off', requestTimeoutMs: 300 }));
+        try {
+          const post = () => call(`${door.url}/rpc/board.write`, { method: 'POST', body: '{}', headers: { 'x-lakefront-board': 'queued-board' } });
+          const first = post();
+          await once(arrived, 'request');
+          const second = await post();
+          assert.equal(second.status, 503, `${upstreamClient}: ${second.text}`);
+          assert.equal(second.json<{ code: string }>().code, 'LF_ERR_NOT_SENT');
+          assert.match(second.json<{ reasons: string[] }>().reasons.join(' '), /LF_ERR_UPSTREAM_TIMEOUT.*no connection to the node within 300 ms/, upstreamClient);
+          const answered = await first;
+          assert.equal(answered.status, 200, `${upstreamClient}: ${answered.text}`);
+          assert.equal(answered.text, 'abcd');
+          // Had the second been written once the connection was free, the node would read it
+          // before this one.
+          assert.equal((await post()).text, 'abcd', upstreamClient);
+          assert.equal(seen, 2, `${upstreamClient}: the timed-out request was never sent`);
+        } finally {
+          await door.stop();
+        }
+      }
+    } finally {
+      trickler.close();
+    }
   });
 
   it('never forwards a CR, LF, NUL or other control byte in a header value', async () => {

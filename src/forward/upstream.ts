@@ -17,7 +17,7 @@
  */
 import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
-import { Pool } from 'undici';
+import { errors as undiciErrors, Pool } from 'undici';
 import type { Dispatcher } from 'undici';
 import { isGatewayFailure, type AttemptHandle } from './exchange.js';
 import { HeaderFields } from './fields.js';
@@ -230,10 +230,21 @@ class H1Transport implements NodeTransport {
 // ---------------------------------------------------------------------------------------------
 // undici
 
-/** The undici handler and the exchange's abort handle in one object. */
+/**
+ * The undici handler and the exchange's abort handle in one object.
+ *
+ * It keeps `--request-timeout-ms` with a timer of its own: undici runs its headers and body
+ * timeouts on its coarse timers (a resolution of about a second), so a 300 ms timeout fired
+ * after a second and a node answering at 900 ms was not timed out. The timer runs from dispatch
+ * while the request waits for a connection, then again from the write for the head, then for
+ * each gap in the body, as the h1 client's sweep does.
+ */
 class DispatchAttempt extends CancellableAttempt {
   private abortFn: ((reason?: Error) => void) | null = null;
   private killed = false;
+  private deadline: NodeJS.Timeout | null = null;
+  /** The final head came: the deadline bounds each gap in the body. */
+  private inBody = false;
   private status = 0;
   private rawHeaders: Buffer[] | null = null;
   private chunks: Buffer[] | null = null;
@@ -252,8 +263,27 @@ class DispatchAttempt extends CancellableAttempt {
   }
 
   start(request: UpstreamRequest): this {
+    this.deadline = setTimeout(undiciDeadline, this.transport.requestTimeoutMs, this).unref();
     this.transport.pool.dispatch(request.dispatchOptions, this as unknown as Dispatcher.DispatchHandler);
     return this;
+  }
+
+  /** @internal the deadline passed with no answer, or no further part of one. */
+  timedOut(): void {
+    this.deadline = null;
+    if (this.ended) return;
+    const ms = this.transport.requestTimeoutMs;
+    // Still waiting for a connection: failed here, unsent; undici drops it at onConnect.
+    if (this.abortFn === null) this.onError(new H1Error(H1Codes.TIMEOUT, `no connection to the node within ${ms} ms`, true));
+    else this.abortFn(this.inBody ? new undiciErrors.BodyTimeoutError(`no further part of the response within ${ms} ms`) : new undiciErrors.HeadersTimeoutError(`no response from the node within ${ms} ms`));
+  }
+
+  protected override end(): void {
+    super.end();
+    if (this.deadline !== null) {
+      clearTimeout(this.deadline);
+      this.deadline = null;
+    }
   }
 
   /** undici calls onConnect once the request has a socket, just before writing it. */
@@ -276,23 +306,27 @@ class DispatchAttempt extends CancellableAttempt {
   }
 
   onConnect(abort: (reason?: Error) => void): void {
-    if (this.cancelled) {
-      // Cancelled while queued for a connection: throwing here makes undici drop the request
-      // without writing it and keep the socket (calling `abort` would destroy the socket).
+    if (this.cancelled || this.ended) {
+      // Cancelled (or timed out) while queued for a connection: throwing here makes undici drop
+      // the request without writing it and keep the socket (calling `abort` would destroy it).
       this.killed = true;
       throw CANCELLED;
     }
     this.abortFn = abort;
+    this.deadline?.refresh();
   }
 
   onHeaders(statusCode: number, rawHeaders: Buffer[], _resume: () => void, _statusText: string): boolean {
+    this.deadline?.refresh();
     if (statusCode < 200) return true; // 1xx: the final head is still to come
+    this.inBody = true;
     this.status = statusCode;
     this.rawHeaders = rawHeaders;
     return true;
   }
 
   onData(chunk: Buffer): boolean {
+    this.deadline?.refresh();
     if (this.single === null && this.chunks === null) this.single = chunk;
     else {
       if (this.chunks === null) {
@@ -349,12 +383,14 @@ export function undiciFailure(err: Error, neverOnSocket: boolean): Error & { cod
 class UndiciTransport implements NodeTransport {
   readonly pool: Pool;
   readonly cancelGraceMs: number;
+  readonly requestTimeoutMs: number;
   constructor(
     url: string,
     options: TransportOptions,
     readonly observer: AttemptObserver,
   ) {
     this.cancelGraceMs = options.cancelGraceMs;
+    this.requestTimeoutMs = options.requestTimeoutMs;
     this.pool = new Pool(url, {
       connections: options.connections,
       pipelining: 1,
@@ -377,6 +413,10 @@ class UndiciTransport implements NodeTransport {
 }
 
 const EMPTY = Buffer.alloc(0);
+
+function undiciDeadline(attempt: DispatchAttempt): void {
+  attempt.timedOut();
+}
 
 /**
  * A loser's grace is over: it is killed after this loop turn's reads (`setImmediate`), so one
