@@ -20,6 +20,7 @@ import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
 import { Client, Pool } from 'undici';
 import { doorConfig } from './fixtures/door.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
+import { startRawNode } from './fixtures/raw-node.js';
 import { call, inTurn, ranking, rawExchange, rpc, type Reply } from './fixtures/http.js';
 
 async function frontOver(nodes: FakeNode[], options: { hedgeDelayMs?: number; healthIntervalMs?: number } = {}): Promise<RouterServer> {
@@ -387,37 +388,21 @@ describe('front door: HTTP surface', () => {
     // One node, one connection to it. Each answer trickles its body a byte every 150 ms (600 ms
     // in all, no gap past the 300 ms timeout), so the connection stays busy with the first
     // request while the second waits for it. (Health probes come on connections of their own.)
-    let seen = 0;
     const arrived = new EventEmitter();
-    const trickler = createServer((socket) => {
-      let head = '';
-      socket.on('data', (data) => {
-        head += data.toString('latin1');
-        if (head.startsWith('GET /health ') && head.endsWith('\r\n\r\n')) {
-          head = '';
-          socket.write('HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n');
-          return;
-        }
-        if (!head.endsWith('\r\n\r\n{}')) return;
-        head = '';
-        seen++;
-        arrived.emit('request');
-        socket.write('HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n');
-        let sent = 0;
-        const timer = setInterval(() => {
-          socket.write('abcd'[sent++]!);
-          if (sent === 4) clearInterval(timer);
-        }, 150);
-        socket.on('close', () => clearInterval(timer));
-      });
+    const trickler = await startRawNode('trickler', (socket) => {
+      arrived.emit('request');
+      socket.write('HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n');
+      let sent = 0;
+      const timer = setInterval(() => {
+        socket.write('abcd'[sent++]!);
+        if (sent === 4) clearInterval(timer);
+      }, 150);
+      socket.on('close', () => clearInterval(timer));
     });
-    trickler.listen(0, '127.0.0.1');
-    await once(trickler, 'listening');
-    const node = { id: 'trickler', url: `http://127.0.0.1:${(trickler.address() as { port: number }).port}` } as FakeNode;
     try {
       for (const upstreamClient of ['h1', 'undici'] as const) {
-        seen = 0;
-        const door = await FrontDoor.start(doorConfig([node], { upstreamClient, upstreamConnections: 1, hedgeMode: 'off', requestTimeoutMs: 300 }));
+        trickler.requests.length = 0;
+        const door = await FrontDoor.start(doorConfig([trickler], { upstreamClient, upstreamConnections: 1, hedgeMode: 'off', requestTimeoutMs: 300 }));
         try {
           const post = () => call(`${door.url}/rpc/board.write`, { method: 'POST', body: '{}', headers: { 'x-lakefront-board': 'queued-board' } });
           const first = post();
@@ -432,13 +417,44 @@ describe('front door: HTTP surface', () => {
           // Had the second been written once the connection was free, the node would read it
           // before this one.
           assert.equal((await post()).text, 'abcd', upstreamClient);
-          assert.equal(seen, 2, `${upstreamClient}: the timed-out request was never sent`);
+          assert.equal(trickler.requests.length, 2, `${upstreamClient}: the timed-out request was never sent`);
         } finally {
           await door.stop();
         }
       }
     } finally {
-      trickler.close();
+      await trickler.stop();
+    }
+  });
+
+  it('refuses an answer in a transfer-coding other than chunked alone (502), with either upstream client', async () => {
+    // Decoded as chunked and relayed with a length, `gzip, chunked` would reach the client as
+    // plain bytes; `gzip` alone would be read to the end of the connection and relayed the same.
+    const answers = ['HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n', 'HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\nconnection: close\r\n\r\nabc'];
+    let next = '';
+    const raw = await startRawNode('coder', (socket) => {
+      socket.write(next);
+      if (next.includes('connection: close')) socket.end();
+    });
+    try {
+      for (const upstreamClient of ['h1', 'undici'] as const) {
+        const door = await FrontDoor.start(doorConfig([raw], { upstreamClient, hedgeMode: 'off' }));
+        try {
+          for (const answer of answers) {
+            next = answer;
+            const reply = await call(`${door.url}/rpc/board.write`, { method: 'POST', body: '{}', headers: { 'x-lakefront-board': 'coded' } });
+            assert.equal(reply.status, 502, `${upstreamClient}, ${JSON.stringify(answer)}: ${reply.text}`);
+            assert.match(reply.json<{ reasons: string[] }>().reasons[0]!, /a transfer-coding the front door does not decode: gzip/, upstreamClient);
+          }
+          next = 'HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n';
+          const plain = await call(`${door.url}/rpc/board.write`, { method: 'POST', body: '{}', headers: { 'x-lakefront-board': 'coded' } });
+          assert.equal(plain.text, 'abc', `${upstreamClient}: chunked alone is decoded and relayed`);
+        } finally {
+          await door.stop();
+        }
+      }
+    } finally {
+      await raw.stop();
     }
   });
 

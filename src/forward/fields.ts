@@ -169,3 +169,8 @@ export function connectionNamed(value: string): string[] | null {
   }
   return named;
 }
+
+/** Whether a transfer-encoding list is exactly `chunked` (any case, no other coding). */
+export function isChunkedOnly(codings: string): boolean {
+  return codings.trim().toLowerCase() === 'chunked';
+}

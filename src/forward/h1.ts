@@ -25,7 +25,7 @@
 import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import { connect, type Socket } from 'node:net';
-import { HeaderFields, connectionNamed, nameIs, parseDecimal } from './fields.js';
+import { HeaderFields, connectionNamed, isChunkedOnly, nameIs, parseDecimal } from './fields.js';
 import { PrefixViews } from './prefix-views.js';
 
 /** Stable codes for client failures. */
@@ -114,6 +114,13 @@ function findCRLF(buf: Uint8Array, from: number, end: number): number {
 /** parseHead results other than an offset. */
 const HEAD_INCOMPLETE = -1;
 const HEAD_DONE = -2;
+
+/** 1 for a byte of a field name (tchar, RFC 9110 5.6.2). */
+const TOKEN = new Uint8Array(256);
+for (const c of "!#$%&'*+-.^_`|~") TOKEN[c.charCodeAt(0)] = 1;
+for (let c = 0x30; c <= 0x39; c++) TOKEN[c] = 1;
+for (let c = 0x41; c <= 0x5a; c++) TOKEN[c] = TOKEN[c + 0x20] = 1;
+
 const EMPTY = Buffer.alloc(0);
 const DEFAULT_KEEP_ALIVE_MS = 4_000;
 const DEFAULT_MAX_RESPONSE = 64 * 1024 * 1024;
@@ -469,27 +476,23 @@ class H1Connection {
         headEnd = line + 2;
         break;
       }
-      // The name runs to the colon; a control byte before it (CR, LF included) makes the line bad.
+      // The name: token characters up to the colon (RFC 9110 5.1). Anything else before it (a
+      // space, as in `Transfer-Encoding : chunked`, a leading space of a folded line, a control
+      // byte) makes the line bad: relayed, a lenient reader downstream could take it otherwise.
       let j = line;
-      while (j < end) {
-        const c = buf[j]!;
-        if (c === 0x3a || c < 0x20) break;
-        j++;
-      }
+      while (j < end && TOKEN[buf[j]!] === 1) j++;
       if (j >= end) return HEAD_INCOMPLETE;
-      const colon = buf[j] === 0x3a ? j : -1;
-      // The value runs to CR or LF. One compare per byte: anything above 0x0d is neither (a tab
-      // or other control byte below it is looked at, and kept).
-      if (colon >= 0) {
-        for (j++; ; j++) {
-          while (j < end && buf[j]! > 0x0d) j++;
-          if (j >= end) return HEAD_INCOMPLETE;
-          const c = buf[j]!;
-          if (c === 0x0d || c === 0x0a) break;
-        }
+      const colon = j;
+      // The value runs to CR: tab, space, visible ASCII and bytes above 0x7f (RFC 9110 5.5). A
+      // bare LF, a NUL, DEL or another control byte makes the line bad, rather than reaching
+      // clients.
+      for (j++; ; j++) {
+        // Two compares a byte; a tab, the one control byte allowed, goes round again.
+        while (j < end && buf[j]! > 0x1f && buf[j] !== 0x7f) j++;
+        if (j >= end || buf[j] !== 0x09) break;
       }
-      if (j + 1 >= end) return HEAD_INCOMPLETE;
-      if (colon <= line || buf[j] !== 0x0d || buf[j + 1] !== 0x0a || first === 0x20 || first === 0x09) {
+      if (j + 1 >= end && (j >= end || buf[j] === 0x0d)) return HEAD_INCOMPLETE;
+      if (colon === line || buf[colon] !== 0x3a || buf[j] !== 0x0d || buf[j + 1] !== 0x0a) {
         this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad header line'));
         return HEAD_DONE;
       }
@@ -572,15 +575,14 @@ class H1Connection {
       return HEAD_DONE;
     }
     if (codings !== null) {
-      // RFC 9112 6.3: transfer-encoding overrides content-length; chunked must be the final
-      // coding, or the body runs to the end of the connection.
-      const list = codings.split(',').map((c) => c.trim()).filter(Boolean);
-      if (list[list.length - 1] === 'chunked') this.phase = Phase.ChunkSize;
-      else {
-        this.phase = Phase.UntilClose;
-        this.closeDelimited = true;
-        this.reusable = false;
+      // RFC 9112 6.3: transfer-encoding overrides content-length. Only chunked alone is taken:
+      // the answer is relayed decoded, with a length, and another coding (`gzip, chunked`, or
+      // `gzip` to the end of the connection) would reach the client as if it were none.
+      if (!isChunkedOnly(codings)) {
+        this.destroy(new H1Error(H1Codes.BAD_RESPONSE, `a transfer-coding the front door does not decode: ${codings}`));
+        return HEAD_DONE;
       }
+      this.phase = Phase.ChunkSize;
     } else if (contentLength >= 0) {
       if (contentLength > this.pool.maxResponseBytes) {
         this.destroy(new H1Error(H1Codes.TOO_LARGE, `response larger than the limit of ${this.pool.maxResponseBytes} bytes`));

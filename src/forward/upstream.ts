@@ -20,7 +20,7 @@ import { performance } from 'node:perf_hooks';
 import { errors as undiciErrors, Pool } from 'undici';
 import type { Dispatcher } from 'undici';
 import { isGatewayFailure, type AttemptHandle } from './exchange.js';
-import { HeaderFields } from './fields.js';
+import { HeaderFields, isChunkedOnly } from './fields.js';
 import { H1Codes, H1Error, headBlock, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
 
 export type UpstreamClientKind = 'h1' | 'undici';
@@ -319,6 +319,12 @@ class DispatchAttempt extends CancellableAttempt {
   onHeaders(statusCode: number, rawHeaders: Buffer[], _resume: () => void, _statusText: string): boolean {
     this.deadline?.refresh();
     if (statusCode < 200) return true; // 1xx: the final head is still to come
+    const codings = transferCodings(rawHeaders);
+    if (codings !== null && !isChunkedOnly(codings)) {
+      // As the h1 client: undici decodes chunked and leaves any other coding in the body.
+      this.abortFn!(new H1Error(H1Codes.BAD_RESPONSE, `a transfer-coding the front door does not decode: ${codings}`));
+      return false;
+    }
     this.inBody = true;
     this.status = statusCode;
     this.rawHeaders = rawHeaders;
@@ -413,6 +419,19 @@ class UndiciTransport implements NodeTransport {
 }
 
 const EMPTY = Buffer.alloc(0);
+
+/** Every transfer-encoding line of undici's raw head, joined as one list; null when none. */
+function transferCodings(raw: Buffer[]): string | null {
+  let codings: string | null = null;
+  for (let i = 0; i + 1 < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length === 17 && name.toString('latin1').toLowerCase() === 'transfer-encoding') {
+      const value = raw[i + 1]!.toString('latin1');
+      codings = codings === null ? value : `${codings}, ${value}`;
+    }
+  }
+  return codings;
+}
 
 function undiciDeadline(attempt: DispatchAttempt): void {
   attempt.timedOut();

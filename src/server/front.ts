@@ -19,7 +19,7 @@ import {
 } from '../contract.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { Exchange } from '../forward/exchange.js';
-import { connectionNamed, type HeaderFields } from '../forward/fields.js';
+import { connectionNamed, isChunkedOnly, type HeaderFields } from '../forward/fields.js';
 import { H1Agent, sweepPeriodMs } from '../forward/h1.js';
 import { UpstreamRequest } from '../forward/upstream.js';
 import { FLAG_HEALTHY, TableReader, type NodeRow } from '../membership/table.js';
@@ -378,11 +378,6 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     this.finished = true;
     this.front.requestFinished(this);
   }
-}
-
-/** Whether a transfer-encoding list is exactly `chunked` (any case, no other coding). */
-function isChunkedOnly(codings: string): boolean {
-  return codings.trim().toLowerCase() === 'chunked';
 }
 
 /**
