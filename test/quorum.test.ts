@@ -644,6 +644,7 @@ describe('replicated route through the front door', () => {
   it('writes to the key\'s n replicas once each, with one version, and reads it back', async () => {
     const put = await call(`${door.url}${KEY}`, { method: 'PUT', body: 'red', headers: { 'content-type': 'text/plain', 'x-lakefront-version': '9'.repeat(19) } });
     assert.equal(put.status, 204);
+    assert.equal(put.headers['content-length'], undefined, 'a 204 has no content-length (RFC 9110 8.6)');
     assert.equal(put.headers['x-lakefront-acks'], '2/2');
     assert.ok(homes.includes(String(put.headers['x-lakefront-served-by'])));
     // The third replica may still be on its way: wait for it.

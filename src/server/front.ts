@@ -77,9 +77,15 @@ function endJson(res: HttpResponse, body: string, close: boolean, head: boolean)
   return bytes;
 }
 
+/** A 204 or 304: no body, and no content-length (a 304's would be the 200's, not known here). */
+function bodiless(status: number): boolean {
+  return status === 204 || status === 304;
+}
+
 /**
- * Ends a HEAD answer, its content-length already written as a header line: `endWithoutBody()`
- * with no argument (uWS 20.30 leaves an answer given a length there unfinished: see relay.ts).
+ * Ends a HEAD answer, its content-length already written as a header line (or a 204 or 304,
+ * with none): `endWithoutBody()` with no argument (uWS 20.30 leaves an answer given a length
+ * there unfinished: see relay.ts).
  * One that should close the connection says `connection: close`, so the client does not send its
  * next request over it (uWS 20.30 cannot end a HEAD answer and close: `endWithoutBody(undefined,
  * true)` leaves it unfinished); a draining front door closes it with the rest.
@@ -324,8 +330,9 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     if (tickets !== null && !this.ticketKept && (exchange.servedBy !== this.pinned || this.renewTicket)) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!, this.region));
     const own = runtime.answerLines[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
     writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead, tickets === null ? null : tickets.header);
-    // uWS writes its own content-length; for HEAD the node's is relayed instead (see relay.ts).
-    if (isHead) endHeadAnswer(res, close);
+    // uWS writes its own content-length; for HEAD the node's is relayed instead (see relay.ts),
+    // and a 204 or 304 has none (RFC 9110 8.6).
+    if (isHead || bodiless(exchange.status)) endHeadAnswer(res, close);
     else res.end(exchange.body!, close);
   }
 
@@ -344,7 +351,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     res.writeHeader(ACKS_HEADER, `${call.acks}/${call.required}`);
     const isHead = this.method === 'HEAD';
     writeRelayedHeaders(res, call.headers, runtime.answerLines[2 * call.servedBy]!, isHead);
-    if (isHead) endHeadAnswer(res, close);
+    if (isHead || bodiless(call.status)) endHeadAnswer(res, close);
     else res.end(call.body!, close);
   }
 
