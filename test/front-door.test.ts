@@ -384,6 +384,36 @@ describe('front door: HTTP surface', () => {
     }
   });
 
+  it('does not let interim answers hold a request past --request-timeout-ms, with either upstream client', async () => {
+    // 103 Early Hints every 20 ms for a second, then the answer: the timeout counts from the
+    // write. (A 100 Continue nobody asked for, undici fails as a bad response at once.)
+    const interim = await startRawNode('interim', (socket) => {
+      let sent = 0;
+      const timer = setInterval(() => {
+        if (socket.destroyed) clearInterval(timer);
+        else if (sent++ < 50) socket.write('HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n');
+        else {
+          clearInterval(timer);
+          socket.write('HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nlate');
+        }
+      }, 20);
+    });
+    try {
+      for (const upstreamClient of ['h1', 'undici'] as const) {
+        const door = await FrontDoor.start(doorConfig([interim], { upstreamClient, hedgeMode: 'off', requestTimeoutMs: 300 }));
+        try {
+          const reply = await call(`${door.url}/rpc/board.write`, { method: 'POST', body: '{}', headers: { 'x-lakefront-board': 'interim-board' } });
+          assert.equal(reply.status, 502, `${upstreamClient}: ${reply.text}`);
+          assert.match(reply.json<{ reasons: string[] }>().reasons[0]!, upstreamClient === 'h1' ? /LF_ERR_UPSTREAM_TIMEOUT/ : /UND_ERR_HEADERS_TIMEOUT/, upstreamClient);
+        } finally {
+          await door.stop();
+        }
+      }
+    } finally {
+      await interim.stop();
+    }
+  });
+
   it('times out a request still waiting for a connection after --request-timeout-ms, unsent, with either upstream client', async () => {
     // One node, one connection to it. Each answer trickles its body a byte every 150 ms (600 ms
     // in all, no gap past the 300 ms timeout), so the connection stays busy with the first

@@ -287,6 +287,34 @@ describe('h1 client', () => {
     server.close();
   });
 
+  it('times out a head that does not come whole in time, however it trickles: byte by byte, or interim answer after interim answer', async () => {
+    // Each node writes a piece every 20 ms (no gap near the 150 ms timeout), 50 pieces in all,
+    // then ends the head with a 200: only a timeout from the write stops it before that.
+    const trickles = [
+      { parts: [...('HTTP/1.1 200 OK\r\nx-slow: ' + 'a'.repeat(25) + '\r\n')], last: 'content-length: 0\r\n\r\n' },
+      { parts: Array<string>(50).fill('HTTP/1.1 100 Continue\r\n\r\n'), last: 'HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n' },
+    ];
+    for (const { parts, last } of trickles) {
+      const { server, pool } = await setup(
+        (req) => {
+          let i = 0;
+          const timer = setInterval(() => {
+            if (req.socket.destroyed) clearInterval(timer);
+            else if (i < parts.length) req.socket.write(parts[i++]!);
+            else {
+              clearInterval(timer);
+              req.socket.write(last);
+            }
+          }, 20);
+        },
+        { requestTimeoutMs: 150 },
+      );
+      const out = await send(pool, request('GET', '/'));
+      assert.equal(out.error?.code, H1Codes.TIMEOUT, JSON.stringify(parts[0]));
+      server.close();
+    }
+  });
+
   it('says when a failed request was never sent: queued past the timeout, or never connected', async () => {
     const held: RawRequest[] = [];
     const { server, pool } = await setup((req) => held.push(req), { connections: 1, requestTimeoutMs: 80 });

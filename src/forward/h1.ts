@@ -176,7 +176,7 @@ class H1Connection {
   private bodyBytes = 0;
   private reusable = true;
   private closeDelimited = false;
-  /** Coarse time of the last byte (or of the write): the timeout sweep reads it. */
+  /** Coarse time of the write, then of the head's end and each body read: the timeout sweep reads it. */
   lastActivity = 0;
   private chunkLine: Buffer | null = null;
   /** Whether the server's keep-alive hint was read. */
@@ -306,7 +306,9 @@ class H1Connection {
       this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'unsolicited bytes from upstream'));
       return;
     }
-    this.lastActivity = coarseNow;
+    // The head must come whole within the timeout of the write (bytes of it trickled, or interim
+    // answers one after another, do not hold the request longer); then each gap in the body.
+    if (this.phase !== Phase.Head) this.lastActivity = coarseNow;
     let buf = chunk;
     let at = start;
     let end = limit;
@@ -330,6 +332,7 @@ class H1Connection {
           }
           if (next === HEAD_DONE) return;
           at = next;
+          if (this.phase !== Phase.Head) this.lastActivity = coarseNow;
           break;
         }
         case Phase.Length: {

@@ -236,8 +236,9 @@ class H1Transport implements NodeTransport {
  * It keeps `--request-timeout-ms` with a timer of its own: undici runs its headers and body
  * timeouts on its coarse timers (a resolution of about a second), so a 300 ms timeout fired
  * after a second and a node answering at 900 ms was not timed out. The timer runs from dispatch
- * while the request waits for a connection, then again from the write for the head, then for
- * each gap in the body, as the h1 client's sweep does.
+ * while the request waits for a connection, then again from the write for the final head
+ * (interim 1xx answers do not extend it), then for each gap in the body, as the h1 client's
+ * sweep does.
  */
 class DispatchAttempt extends CancellableAttempt {
   private abortFn: ((reason?: Error) => void) | null = null;
@@ -317,8 +318,8 @@ class DispatchAttempt extends CancellableAttempt {
   }
 
   onHeaders(statusCode: number, rawHeaders: Buffer[], _resume: () => void, _statusText: string): boolean {
-    this.deadline?.refresh();
-    if (statusCode < 200) return true; // 1xx: the final head is still to come
+    // 1xx: the final head is still to come, within the same deadline (from the write).
+    if (statusCode < 200) return true;
     const codings = transferCodings(rawHeaders);
     if (codings !== null && !isChunkedOnly(codings)) {
       // As the h1 client: undici decodes chunked and leaves any other coding in the body.
@@ -326,6 +327,7 @@ class DispatchAttempt extends CancellableAttempt {
       return false;
     }
     this.inBody = true;
+    this.deadline?.refresh();
     this.status = statusCode;
     this.rawHeaders = rawHeaders;
     return true;
