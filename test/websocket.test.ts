@@ -181,6 +181,27 @@ describe('WebSocket tunnels', () => {
     assert.deepEqual(await closed(fromNode), { code: 4002, reason: 'node done' });
   });
 
+  it('drops the headers a connection field names, from the handshake and from a relayed refusal (RFC 9110 7.6.1)', async () => {
+    const [home] = await ranking(door.url, 'ws-board-hop');
+    const handshake = (extra: string) =>
+      `GET /rpc/live HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade, X-Hop\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\nx-lakefront-board: ws-board-hop\r\nx-hop: for-the-first-hop\r\nx-kept: 1\r\n${extra}\r\n`;
+    const opened = await rawExchange(door.url, handshake(''), { done: (t) => t.includes('\r\n\r\n') });
+    assert.match(opened, /^HTTP\/1\.1 101 /);
+    const seen = byId(home!).handshakes.at(-1)!;
+    assert.equal(seen['x-kept'], '1');
+    assert.equal(seen['x-hop'], undefined, 'a header the client\'s connection field named');
+    byId(home!).refuseWith = 403;
+    byId(home!).refusalHeaders = 'connection: X-Node-Hop\r\nx-node-hop: internal\r\nx-other: ok\r\n';
+    try {
+      const refused = await rawExchange(door.url, handshake('connection: close\r\n'));
+      assert.match(refused, /^HTTP\/1\.1 403 /);
+      assert.match(refused, /\r\nx-other: ok\r\n/i);
+      assert.doesNotMatch(refused, /x-node-hop/i, 'a header the node\'s connection field named');
+    } finally {
+      byId(home!).refusalHeaders = '';
+    }
+  });
+
   it('passes over a node that refuses the connection or answers 503, and relays any other refusal', async () => {
     const [first, second, third] = await ranking(door.url, 'ws-board-4');
     byId(first!).refuseWith = 503;

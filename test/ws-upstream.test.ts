@@ -227,6 +227,22 @@ describe('the tunnels\' WebSocket client: handshake', () => {
     }
   });
 
+  it('fails a handshake answer with a header name that is not a token, or a control byte in a value (a bare LF would split a relayed refusal)', async () => {
+    const heads = [
+      'HTTP/1.1 403 Forbidden\r\nx-a: one\nset-cookie: planted=1\r\ncontent-length: 0\r\n\r\n',
+      'HTTP/1.1 403 Forbidden\r\nx-a : v\r\ncontent-length: 0\r\n\r\n',
+      'HTTP/1.1 403 Forbidden\r\nx-a: a\u0000b\r\ncontent-length: 0\r\n\r\n',
+      'HTTP/1.1 403 Forbidden\r\n x-a: folded\r\ncontent-length: 0\r\n\r\n',
+    ];
+    for (const head of heads) {
+      const origin = await node((socket) => socket.end(head));
+      const { events } = client(origin);
+      await events.until(() => events.failed !== null || events.refused !== null);
+      assert.equal(events.refused, null, JSON.stringify(head));
+      assert.match(events.failed!, /malformed header line/, JSON.stringify(head));
+    }
+  });
+
   it('reads a refusal whole: by content-length, chunked (after a 100), or to the connection\'s end; over the limit the body is null', async () => {
     const answers: [string, (socket: Socket) => void, number, string | null][] = [
       ['content-length', (s) => s.end('HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nX-Why: ticket\r\nContent-Length: 6\r\n\r\nno way'), 403, 'no way'],

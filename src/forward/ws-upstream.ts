@@ -86,6 +86,8 @@ const CLOSED = 3;
 const KEPT_REST_BYTES = 64 * 1024;
 const DEFAULT_CLOSE_WAIT_MS = 5_000;
 const MAX_HEAD_BYTES = 16 * 1024;
+/** A header line as RFC 9110 5.1 and 5.5 have it: tchar name, colon, tab/SP/VCHAR/obs-text value (latin1 text). */
+const HEADER_LINE = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*$/;
 const GUID = '258EAFA5-E914-47DA-95CA-C5AB0DC85B11';
 const EMPTY = Buffer.alloc(0);
 
@@ -328,12 +330,14 @@ export class WsUpstream {
     const byName = new Map<string, string>();
     for (let i = 1; i < lines.length; i++) {
       const line = lines[i]!;
-      const colon = line.indexOf(':');
-      if (colon <= 0) {
+      // A token, its colon, and a value of no control byte but tab (a bare LF in it would reach
+      // the client as a line of its own when a refusal is relayed): as the h1 client.
+      if (!HEADER_LINE.test(line)) {
         this.fail('a malformed header line in the handshake answer');
         return end;
       }
-      const name = line.slice(0, colon).trim().toLowerCase();
+      const colon = line.indexOf(':');
+      const name = line.slice(0, colon).toLowerCase();
       const value = line.slice(colon + 1).trim();
       headers.push([name, value]);
       const seen = byName.get(name);

@@ -29,6 +29,7 @@ import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
 import { MAX_CANDIDATES, isGatewayFailure } from '../forward/exchange.js';
 import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
+import { connectionNamed } from '../forward/fields.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
 import { pinFirst, preferRegion, regionTurn, type Policy } from '../policies/types.js';
@@ -200,11 +201,15 @@ export class WebSocketTunnels {
     const key = keyHeader === null ? '' : req.getHeader(keyHeader);
     // No prototype: a header named `constructor` or `__proto__` is just a header.
     const headers = Object.create(null) as Record<string, string>;
+    let connection = '';
     req.forEach((name, value) => {
+      if (name === 'connection') connection = connection === '' ? value : `${connection}, ${value}`;
       if (DROPPED_REQUEST_HEADERS.has(name) || HANDSHAKE_HEADERS.has(name) || name === tickets?.header) return;
       // Two field lines are one list; cookies are joined as one cookie line (RFC 9113 8.2.3).
       headers[name] = name in headers ? `${headers[name]}${name === 'cookie' ? '; ' : ', '}${value}` : value;
     });
+    // Headers the connection field names are the client's hop's only (RFC 9110 7.6.1).
+    for (const name of connectionNamed(connection) ?? []) delete headers[name];
     if (host.forwardedFor) {
       // As for a request (front.ts): the client's own list, then its address.
       const client = clientAddress(res);
@@ -334,10 +339,14 @@ export class WebSocketTunnels {
 
   /** A node's answer other than 101, relayed (hop-by-hop and uWS's own headers dropped). */
   private relayRefusal(res: HttpResponse, status: number, fields: readonly (readonly [string, string])[], body: Buffer, servedBy: string, ticketHeader: string | null): void {
+    // So are the ones the node's connection field names, of its hop.
+    let connection = '';
+    for (const [name, value] of fields) if (name === 'connection') connection = connection === '' ? value : `${connection}, ${value}`;
+    const named = connectionNamed(connection);
     res.cork(() => {
       res.writeStatus(statusBytes(status));
       for (const [name, value] of fields) {
-        if (name === 'date' || name === 'content-length' || name === SERVED_BY_HEADER || name === ticketHeader || DROPPED_REQUEST_HEADERS.has(name)) continue;
+        if (name === 'date' || name === 'content-length' || name === SERVED_BY_HEADER || name === ticketHeader || DROPPED_REQUEST_HEADERS.has(name) || named?.includes(name)) continue;
         res.writeHeader(name, value);
       }
       res.writeHeader(SERVED_BY_HEADER, servedBy);
