@@ -410,6 +410,17 @@ describe('h1 client', () => {
     server.close();
   });
 
+  it('does not write a waiting request on a connection the node closed with its answer (the FIN in the same read)', async () => {
+    // The node ends every connection after one answer, without saying so (`connection: close`),
+    // answer and FIN in one write. One connection, three requests: each must go on a fresh one.
+    const { server, pool } = await setup((req) => req.socket.end('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok'), { connections: 1 });
+    const outs = await Promise.all(['/a', '/b', '/c'].map((path) => send(pool, request('POST', path, [], 'w'))));
+    assert.deepEqual(outs.map((o) => o.error?.code ?? o.body), ['ok', 'ok', 'ok']);
+    assert.deepEqual(server.requests.map((r) => r.text.split(' ')[1]), ['/a', '/b', '/c'], 'in order, each once');
+    assert.equal(server.connections, 3);
+    server.close();
+  });
+
   it('queues beyond the connection limit and serves in order', async () => {
     const sockets: RawRequest[] = [];
     const { server, pool } = await setup((req) => sockets.push(req), { connections: 1 });

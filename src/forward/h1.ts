@@ -710,6 +710,29 @@ export class H1Pool {
       conn.destroy(new H1Error(H1Codes.POOL_CLOSED, 'pool closed'));
       return;
     }
+    conn.idleSince = coarseNow;
+    if (this.queueHead < this.queue.length) {
+      // A request waits. Written now, it could go out on a connection the node is closing: a
+      // FIN that came with the answer is read in the loop's next poll (libuv stops reading a
+      // socket at a short read), so a bare write sent into it would be lost, its outcome
+      // unknown. It is written after that poll, on this connection if the node left it open.
+      setImmediate(afterNextPoll, this, conn);
+      return;
+    }
+    this.idle.push(conn);
+  }
+
+  /** @internal after `release`: the next queued request on `conn`, or on a fresh connection. */
+  resume(conn: H1Connection): void {
+    if (conn.closed) return; // its close made room for the queue (`forget`)
+    if (this.closed) {
+      conn.destroy(new H1Error(H1Codes.POOL_CLOSED, 'pool closed'));
+      return;
+    }
+    if (conn.socket.readableEnded || conn.socket.destroyed) {
+      conn.destroy(new H1Error(H1Codes.CLOSED, 'upstream closed the connection'));
+      return;
+    }
     const next = this.dequeue();
     if (next !== null) conn.write(next);
     else {
@@ -794,6 +817,15 @@ export class H1Pool {
     }
     return null;
   }
+}
+
+/** Runs in this loop turn's check phase: what it schedules runs after the next poll. */
+function afterNextPoll(pool: H1Pool, conn: H1Connection): void {
+  setImmediate(writeWaiting, pool, conn);
+}
+
+function writeWaiting(pool: H1Pool, conn: H1Connection): void {
+  pool.resume(conn);
 }
 
 /** Opaque handle of one sent or queued request. */
