@@ -211,6 +211,17 @@ describe('front door: HTTP surface', () => {
     }
   });
 
+  it('refuses a request with two host lines (RFC 9112 3.2) or two board headers with 400, and forwards nothing', async () => {
+    const ask = (extra: string) => rawExchange(server.url, `POST /rpc/board.write HTTP/1.1\r\nhost: a\r\nx-lakefront-board: two-b\r\n${extra}content-length: 2\r\nconnection: close\r\n\r\n{}`);
+    for (const [extra, name] of [['host: b\r\n', 'host'], ['x-lakefront-board: two-c\r\n', 'x-lakefront-board'], ['x-lakefront-board: two-b\r\n', 'x-lakefront-board']] as const) {
+      const answer = await ask(extra);
+      assert.match(answer, /^HTTP\/1\.1 400 /, extra);
+      assert.equal(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)).error, `more than one ${name} header`);
+    }
+    assert.equal(nodes.reduce((n, node) => n + node.received.length, 0), 0, 'no node saw any of them');
+    assert.match(await ask(''), /^HTTP\/1\.1 200 /, 'one of each goes through');
+  });
+
   it('answers 401 with a JSON reason when the board header is missing', async () => {
     const reply = await call(`${server.url}/rpc/query.execute`, { method: 'POST', body: '{}' });
     assert.equal(reply.status, 401);

@@ -943,6 +943,11 @@ export class WorkerFront implements TunnelHost {
       this.dropFraming(res);
       return;
     }
+    // Two hosts (RFC 9112 3.2), or two keys: which one the node would read is anyone's guess.
+    if (scan.doubled !== '') {
+      this.refuse(res, 400, errorBody(`more than one ${scan.doubled} header`, ErrorCodes.BAD_REQUEST), this.draining, null, head);
+      return;
+    }
     const headers = scan.headers;
     let key = '';
     if (keyHeader !== null) {
@@ -1099,6 +1104,10 @@ const scan = {
   /** The connection header's list ('' when none). */
   connection: '',
   idempotent: false,
+  hostSeen: false,
+  keySeen: false,
+  /** A header that may come once and came again ('' when none): host, or the route's key header. */
+  doubled: '',
   begin(keyHeader: string, ticketHeader: string): void {
     this.keyHeader = keyHeader;
     this.ticketHeader = ticketHeader;
@@ -1113,6 +1122,9 @@ const scan = {
     this.upgrade = '';
     this.connection = '';
     this.idempotent = false;
+    this.hostSeen = false;
+    this.keySeen = false;
+    this.doubled = '';
   },
 };
 
@@ -1129,7 +1141,11 @@ function scanHeader(name: string, value: string): void {
       if (name === 'te') return;
       break;
     case 4:
-      if (name === 'host') return;
+      if (name === 'host') {
+        if (scan.hostSeen) scan.doubled = name;
+        scan.hostSeen = true;
+        return;
+      }
       break;
     case 6:
       if (name === 'expect') return;
@@ -1178,7 +1194,11 @@ function scanHeader(name: string, value: string): void {
       if (name === IDEMPOTENT_HEADER && value === '1') scan.idempotent = true;
       break;
   }
-  if (name.length === scan.keyHeader.length && name === scan.keyHeader) scan.key = value;
+  if (name.length === scan.keyHeader.length && name === scan.keyHeader) {
+    if (scan.keySeen) scan.doubled = name;
+    scan.keySeen = true;
+    scan.key = value;
+  }
   // The ticket is the front door's business: not forwarded.
   if (name.length === scan.ticketHeader.length && name === scan.ticketHeader) {
     scan.ticket = value;
