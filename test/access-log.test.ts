@@ -237,8 +237,8 @@ describe('access log of a front door', () => {
         lines.filter((l) => l.status !== 200).map((l) => [l.status, l.path.slice(0, 20), l.route, l.node, l.attempts, l.bytes > 0, l.error]).sort(),
         [
           [401, '/rpc/query.execute', '/rpc/*', null, 0, true, 'LF_ERR_MISSING_BOARD'],
-          [404, '/elsewhere', null, null, 0, true, null],
-          [404, `/${'x'.repeat(19)}`, null, null, 0, true, null],
+          [404, '/elsewhere', null, null, 0, true, 'LF_ERR_NOT_FOUND'],
+          [404, `/${'x'.repeat(19)}`, null, null, 0, true, 'LF_ERR_NOT_FOUND'],
           [499, '/rpc/board.append', '/rpc/*', null, 1, false, null],
           [502, '/kv/k', '/kv/*', null, 2, true, 'LF_ERR_QUORUM_FAILED'],
           [502, '/rpc/board.append', '/rpc/*', null, 1, true, 'LF_ERR_OUTCOME_UNKNOWN'],

@@ -54,6 +54,12 @@ describe('flags and environment', () => {
     ['a negative hedge budget', ['--hedge-budget-percent', '-1', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-budget-percent: -1 is out of range 0\.\.100$/],
     ['a node URL with credentials (never echoed)', ['--nodes', 'a=http://user:s3cret@127.0.0.1:1'], {}, /^--nodes: the URL for node "a" carries credentials, which are not supported$/],
     ['a node URL with only a password', ['--nodes', 'a=http://:s3cret@127.0.0.1:1'], {}, /^--nodes: the URL for node "a" carries credentials/],
+    ['a node URL on port 0', ['--nodes', 'a=http://127.0.0.1:0'], {}, /^--nodes: bad URL "http:\/\/127\.0\.0\.1:0" for node "a" \(port 0 cannot be reached\)$/],
+    // parseArgs keeps the last of a repeated flag silently.
+    ['a flag given twice', ['--nodes', 'a=http://127.0.0.1:1', '--nodes', 'b=http://127.0.0.1:2'], {}, /^--nodes: given more than once$/],
+    ['the same, in its --flag=value form', ['--threads=1', '--nodes', 'a=http://127.0.0.1:1', '--threads', '2'], {}, /^--threads: given more than once$/],
+    ['nodes from the environment and a config file', ['--config', '/nonexistent.json'], { LAKEFRONT_NODES: 'a=http://127.0.0.1:1' }, /^--config: give clusters either in the file or with --nodes\/--etcd, not both \(LAKEFRONT_NODES is set too\)$/],
+    ['affinity keys from the environment with no configuration file', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_AFFINITY_KEYS: 'short' }, /^LAKEFRONT_AFFINITY_KEYS: affinity tickets belong to routes in a configuration file \(--config\), and none is given$/],
   ];
   for (const [name, argv, env, pattern] of bad) {
     it(`rejects ${name} with one line naming it`, () => {
@@ -94,6 +100,11 @@ describe('configuration file', () => {
     assert.deepEqual(file.routes[1]!.operations!.unsupported, ['/v3/watch'], 'watch streams are refused');
     assert.deepEqual(file.routes[2]!.operations!.reads, ['/kv2/get']);
     assert.deepEqual(file.routes[2]!.operations!.writes, []);
+  });
+
+  it('reads a string node list as --nodes does, each id and URL trimmed', () => {
+    const file = parseFileConfig({ ...good, clusters: [{ ...good.clusters[0], nodes: ' a = http://127.0.0.1:1 , b=http://127.0.0.1:2 ' }, good.clusters[1]] }, 'lf.json');
+    assert.deepEqual(file.clusters[0]!.members.map((m) => [m.id, m.url]), [['a', 'http://127.0.0.1:1'], ['b', 'http://127.0.0.1:2']]);
   });
 
   it("keeps the preset's operation rules for each key a route's operations leave out", () => {

@@ -229,11 +229,11 @@ describe('front door: HTTP surface', () => {
     assert.equal(nodes.reduce((s, n) => s + n.hits(), 0), 0, 'nothing was forwarded');
   });
 
-  it('answers 404 {"error":"not found"} for anything else', async () => {
+  it('answers 404 {"error":"not found","code":"LF_ERR_NOT_FOUND"} for anything else', async () => {
     for (const [method, path] of [['GET', '/nope'], ['POST', '/healthz'], ['DELETE', '/']]) {
       const reply = await call(`${server.url}${path}`, { method: method! });
       assert.equal(reply.status, 404, `${method} ${path}`);
-      assert.deepEqual(reply.json(), { error: 'not found' });
+      assert.deepEqual(reply.json(), { error: 'not found', code: 'LF_ERR_NOT_FOUND' });
     }
   });
 

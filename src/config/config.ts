@@ -6,7 +6,7 @@ import { MIN_KEY_LENGTH } from '../affinity/tickets.js';
 import { parseArgs } from 'node:util';
 import { ConfigError, jsonProblem } from '../errors.js';
 import { readFileSync } from 'node:fs';
-import { validateMembers, type MemberConfig } from '../membership/membership.js';
+import { parseMemberList } from '../membership/membership.js';
 import type { PolicyName } from '../server/protocol.js';
 import type { ClusterConfig, RouteConfig } from '../server/supervisor.js';
 import { parseFileConfig, type FileConfig } from './file.js';
@@ -59,7 +59,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'upstream-client', env: 'LAKEFRONT_UPSTREAM_CLIENT', value: 'h1|undici', help: 'upstream HTTP client [h1]' },
   { flag: 'upstream-connections', env: 'LAKEFRONT_UPSTREAM_CONNECTIONS', value: 'n', help: 'keep-alive connections per node, per thread [64]' },
   { flag: 'cancel-grace-ms', env: 'LAKEFRONT_CANCEL_GRACE_MS', value: 'ms', help: 'a hedge loser may finish this long before its connection is closed [250]' },
-  { flag: 'drain-timeout-ms', env: 'LAKEFRONT_DRAIN_TIMEOUT_MS', value: 'ms', help: 'on SIGTERM/SIGINT, wait this long for in-flight requests [10000]' },
+  { flag: 'drain-timeout-ms', env: 'LAKEFRONT_DRAIN_TIMEOUT_MS', value: 'ms', help: 'on SIGTERM/SIGINT, and for the old workers at a reload, wait this long for in-flight requests [10000]' },
   { flag: 'affinity-keys-file', env: 'LAKEFRONT_AFFINITY_KEYS_FILE', value: 'path', help: 'affinity ticket signing keys, one a line, the first signing; read again at SIGHUP (instead of LAKEFRONT_AFFINITY_KEYS) [none]' },
   { flag: 'forwarded-for', env: 'LAKEFRONT_FORWARDED_FOR', value: 'append|off', help: "append the client's address to x-forwarded-for, and set x-forwarded-proto and x-forwarded-host, on every request a node gets [off]" },
   { flag: 'hints-file', env: 'LAKEFRONT_HINTS_FILE', value: 'path', help: "replicated routes: where a stop saves the hints not yet handed over, and the next start takes them back [none: dropped]" },
@@ -73,20 +73,6 @@ export type Command =
   | { readonly kind: 'version' }
   /** `configFile`: the `--config` (or LAKEFRONT_CONFIG) file, which SIGHUP re-reads; null: none. */
   | { readonly kind: 'run'; readonly demo: boolean; readonly config: FrontDoorConfig; readonly configFile: string | null };
-
-/** Parses `id=url,id=url`. */
-export function parseNodes(text: string, source: string): MemberConfig[] {
-  const members: MemberConfig[] = [];
-  for (const part of text.split(',')) {
-    const entry = part.trim();
-    if (entry === '') continue;
-    const eq = entry.indexOf('=');
-    if (eq <= 0 || eq === entry.length - 1) throw new ConfigError(`${source}: bad entry ${JSON.stringify(entry)} (want id=url)`);
-    members.push({ id: entry.slice(0, eq).trim(), url: entry.slice(eq + 1).trim() });
-  }
-  if (members.length === 0) throw new ConfigError(`${source}: no nodes in ${JSON.stringify(text)}`);
-  return validateMembers(members, source);
-}
 
 function integer(raw: string, source: string, min: number, max: number): number {
   if (!/^\d+$/.test(raw.trim())) throw new ConfigError(`${source}: not a whole number: ${JSON.stringify(raw)}`);
@@ -183,8 +169,17 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   }
   let values: Record<string, string | boolean | undefined>;
   try {
-    ({ values } = parseArgs({ args, options, strict: true, allowPositionals: false }));
+    const parsed = parseArgs({ args, options, strict: true, allowPositionals: false, tokens: true });
+    values = parsed.values;
+    // parseArgs keeps the last of a repeated flag; which one was meant is the operator's to say.
+    const given = new Set<string>();
+    for (const token of parsed.tokens) {
+      if (token.kind !== 'option') continue;
+      if (given.has(token.name)) throw new ConfigError(`--${token.name}: given more than once`);
+      given.add(token.name);
+    }
   } catch (err) {
+    if (err instanceof ConfigError) throw err;
     throw new ConfigError((err as Error).message.split('\n')[0]!);
   }
   if (values.help) return { kind: 'help' };
@@ -213,7 +208,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   const etcdRaw = read('etcd');
   const configRaw = read('config');
   if (configRaw && (nodesRaw || etcdRaw)) {
-    throw new ConfigError(`${configRaw[1]}: give clusters either in the file or with --nodes/--etcd, not both`);
+    throw new ConfigError(`${configRaw[1]}: give clusters either in the file or with --nodes/--etcd, not both (${(nodesRaw ?? etcdRaw)![1]} is set too)`);
   }
   const file = configRaw ? readConfigFile(configRaw[0], configRaw[1]) : null;
   const demo = !nodesRaw && !etcdRaw && !file;
@@ -233,10 +228,11 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   }
   const keysFileRaw = read('affinity-keys-file');
   if (keysFileRaw && !file) throw new ConfigError(`${keysFileRaw[1]}: affinity tickets belong to routes in a configuration file (--config), and none is given`);
+  if (env.LAKEFRONT_AFFINITY_KEYS && !file) throw new ConfigError('LAKEFRONT_AFFINITY_KEYS: affinity tickets belong to routes in a configuration file (--config), and none is given');
   const rpcPolicyRaw = read('policy');
   if (rpcPolicyRaw && !(demo || nodesRaw)) throw new ConfigError(`${rpcPolicyRaw[1]}: applies to /rpc/* over --nodes (or the demo); a config file names each route's policy`);
   if (demo || nodesRaw) {
-    clusters.push({ name: DEFAULT_CLUSTER, members: nodesRaw ? parseNodes(nodesRaw[0], nodesRaw[1]) : [] });
+    clusters.push({ name: DEFAULT_CLUSTER, members: nodesRaw ? parseMemberList(nodesRaw[0], nodesRaw[1]) : [] });
     routes.push(rpcPolicyRaw ? { ...RPC_ROUTE, policy: oneOf(rpcPolicyRaw[0], rpcPolicyRaw[1], RPC_POLICIES) } : RPC_ROUTE);
     // The demo's nodes also keep replicated values (the reference replica, replication/store.ts).
     if (demo) routes.push(DEMO_KV_ROUTE);
@@ -245,7 +241,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   if (policyRaw && !etcdRaw) throw new ConfigError(`${policyRaw[1]}: applies to --etcd members, and none are given`);
   if (etcdRaw) {
     const policy = policyRaw ? oneOf(policyRaw[0], policyRaw[1], ETCD_POLICIES) : 'hybrid';
-    const etcdMembers = parseNodes(etcdRaw[0], etcdRaw[1]);
+    const etcdMembers = parseMemberList(etcdRaw[0], etcdRaw[1]);
     if (nodesRaw) {
       const taken = new Set(clusters[0]!.members.map((m) => m.id));
       const clash = etcdMembers.find((m) => taken.has(m.id));

@@ -21,7 +21,7 @@
 import { DEFAULT_AFFINITY_HEADER, DEFAULT_TICKET_TTL_SECONDS, ticketFits, type AffinitySettings } from '../affinity/tickets.js';
 import { DROPPED_REQUEST_HEADERS, HEDGED_HEADER, IDEMPOTENT_HEADER, SERVED_BY_HEADER } from '../contract.js';
 import { ConfigError } from '../errors.js';
-import { REGION_NAME, validateMembers, type MemberConfig } from '../membership/membership.js';
+import { REGION_NAME, parseMemberList, validateMembers, type MemberConfig } from '../membership/membership.js';
 import { OWN_PATHS, POLICY_NAMES, type OperationRules, type PolicyName, type PolicySettings } from '../server/protocol.js';
 import type { ClusterConfig, RouteConfig } from '../server/supervisor.js';
 import { ETCD_HEALTH_PATH, ETCD_OPERATIONS, etcdPreset } from './presets.js';
@@ -86,14 +86,7 @@ function known(obj: Json, keys: readonly string[], where: string): void {
 }
 
 function members(value: unknown, where: string): MemberConfig[] {
-  if (typeof value === 'string') {
-    const list = value.split(',').map((entry) => entry.trim()).filter(Boolean).map((entry) => {
-      const eq = entry.indexOf('=');
-      if (eq <= 0) fail(where, `bad entry ${JSON.stringify(entry)} (want id=url)`);
-      return { id: entry.slice(0, eq), url: entry.slice(eq + 1) };
-    });
-    return validateMembers(list, where);
-  }
+  if (typeof value === 'string') return parseMemberList(value, where);
   if (!Array.isArray(value)) fail(where, 'must be "id=url,..." or a list of { id, url, region?, weight? }');
   return validateMembers(
     value.map((m, i) => {

@@ -42,6 +42,20 @@ export interface MembershipOptions {
 export const DEFAULT_HEALTH_INTERVAL_MS = 1000;
 export const DEFAULT_HEALTH_TIMEOUT_MS = 500;
 
+/** `id=url,...`, as `--nodes` and a configuration file's string list take it (each part trimmed). */
+export function parseMemberList(text: string, what: string): MemberConfig[] {
+  const members: MemberConfig[] = [];
+  for (const part of text.split(',')) {
+    const entry = part.trim();
+    if (entry === '') continue;
+    const eq = entry.indexOf('=');
+    if (eq <= 0 || eq === entry.length - 1) throw new ConfigError(`${what}: bad entry ${JSON.stringify(entry)} (want id=url)`);
+    members.push({ id: entry.slice(0, eq).trim(), url: entry.slice(eq + 1).trim() });
+  }
+  if (members.length === 0) throw new ConfigError(`${what}: no nodes in ${JSON.stringify(text)}`);
+  return validateMembers(members, what);
+}
+
 /**
  * Checks a member list: non-empty ids, unique ids, absolute http(s) URLs without credentials,
  * path, query or fragment. Returns the members with URLs normalised to their origin. Throws
@@ -70,6 +84,8 @@ export function validateMembers(members: readonly MemberConfig[], what = 'nodes'
     if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.search || url.hash || url.pathname !== '/') {
       throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}" (http(s)://host:port only, no path)`);
     }
+    // The URL parser takes port 0; nothing can be reached there.
+    if (url.port === '0') throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}" (port 0 cannot be reached)`);
     const region = member.region;
     if (region !== undefined && (typeof region !== 'string' || !REGION_NAME.test(region))) {
       throw new ConfigError(`${what}: bad region ${JSON.stringify(region)} for node "${id}" (1-64 letters, digits, '.', '_' or '-')`);

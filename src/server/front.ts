@@ -776,7 +776,7 @@ export class WorkerFront implements TunnelHost {
       app.any('/*', (res, req) => {
         if (this.accessLog !== null) this.mayRefuse(null, req.getCaseSensitiveMethod(), req.getUrl(), clientAddress(res));
         if (framingInDoubt(req)) return this.dropFraming(res);
-        this.refuse(res, 404, JSON.stringify({ error: 'not found' }), this.draining, null, req.getMethod() === 'head');
+        this.refuse(res, 404, errorBody('not found', ErrorCodes.NOT_FOUND), this.draining, null, req.getMethod() === 'head');
       });
     }
   }
