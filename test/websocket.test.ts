@@ -181,6 +181,16 @@ describe('WebSocket tunnels', () => {
     assert.deepEqual(await closed(fromNode), { code: 4002, reason: 'node done' });
   });
 
+  it('refuses a handshake with two host lines or two board headers (400), as a plain request', async () => {
+    const counts = nodes.map((n) => n.handshakes.length);
+    for (const [extra, name] of [['host: y\r\n', 'host'], ['x-lakefront-board: ws-two-b\r\n', 'x-lakefront-board']] as const) {
+      const answer = await rawExchange(door.url, `GET /rpc/live HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\nx-lakefront-board: ws-two-a\r\n${extra}\r\n`, { done: (t) => t.startsWith('HTTP/1.1 101') || t.includes('}') });
+      assert.match(answer, /^HTTP\/1\.1 400 /, extra);
+      assert.match(answer, new RegExp(`more than one ${name} header`));
+    }
+    assert.deepEqual(nodes.map((n) => n.handshakes.length), counts, 'no node saw either');
+  });
+
   it('drops the headers a connection field names, from the handshake and from a relayed refusal (RFC 9110 7.6.1)', async () => {
     const [home] = await ranking(door.url, 'ws-board-hop');
     const handshake = (extra: string) =>
@@ -448,6 +458,12 @@ describe('WebSocket tunnels with affinity tickets', () => {
     assert.equal(withApp.protocol, 'chat.v2', "the node's own choice wins");
     assert.equal(nodes.find((n) => n.id === placed.node)!.handshakes.at(-1)!['sec-websocket-protocol'], 'chat.v2');
     assert.equal((await visit([], { 'x-lakefront-affinity': placed.ticket })).node, placed.node, 'or as a header');
+    // Two tickets offered: the first is read, and the first is selected back (not the other).
+    for (const offered of [[`lakefront-affinity.${placed.ticket}`, 'lakefront-affinity.forged'], ['lakefront-affinity.forged', `lakefront-affinity.${placed.ticket}`]]) {
+      const both = await visit(offered);
+      assert.equal(both.protocol, offered[0], 'the ticket read is the one selected');
+      if (offered[0]!.endsWith(placed.ticket)) assert.equal(both.node, placed.node);
+    }
     // Its node shedding load (503 with a Retry-After) is relayed: the client is not moved. A 503
     // without one is a node that cannot serve, passed over, and the client gets a fresh ticket.
     const own = nodes.find((n) => n.id === placed.node)!;

@@ -191,6 +191,9 @@ export class WebSocketTunnels {
       for (const item of offered.split(',')) {
         const p = item.trim();
         if (p.startsWith(TICKET_PROTOCOL_PREFIX)) {
+          // The first ticket offered is the one read and the one selected back; any other is
+          // dropped (offered to nobody).
+          if (ticketProtocol !== '') continue;
           ticketProtocol = p;
           if (ticket === '') ticket = p.slice(TICKET_PROTOCOL_PREFIX.length);
         } else if (p !== '') rest.push(p);
@@ -202,8 +205,12 @@ export class WebSocketTunnels {
     // No prototype: a header named `constructor` or `__proto__` is just a header.
     const headers = Object.create(null) as Record<string, string>;
     let connection = '';
+    let hosts = 0;
+    let keys = 0;
     req.forEach((name, value) => {
       if (name === 'connection') connection = connection === '' ? value : `${connection}, ${value}`;
+      else if (name === 'host') hosts++;
+      else if (name === keyHeader) keys++;
       if (DROPPED_REQUEST_HEADERS.has(name) || HANDSHAKE_HEADERS.has(name) || name === tickets?.header) return;
       // Two field lines are one list; cookies are joined as one cookie line (RFC 9113 8.2.3).
       headers[name] = name in headers ? `${headers[name]}${name === 'cookie' ? '; ' : ', '}${value}` : value;
@@ -222,6 +229,11 @@ export class WebSocketTunnels {
     }
     if (host.draining) {
       host.refuse(res, 503, errorBody('the front door is shutting down', ErrorCodes.SHUTTING_DOWN), true);
+      return;
+    }
+    // As for a plain request (front.ts): which of two the node would read is anyone's guess.
+    if (hosts > 1 || keys > 1) {
+      host.refuse(res, 400, errorBody(`more than one ${hosts > 1 ? 'host' : keyHeader} header`, ErrorCodes.BAD_REQUEST), false);
       return;
     }
     if (keyHeader !== null && key === '') {
