@@ -50,15 +50,114 @@ export function errorBody(message: string, code: string, extra?: Record<string, 
 }
 
 /**
- * Why `JSON.parse` refused a text, without quoting any of it: V8's message quotes the text around
+ * Why `JSON.parse` refused `text`, without quoting any of it: V8's message quotes the text around
  * the error ("KEY2bbbbbb"...), which a log line must not carry when the file holds secrets (a
- * keys file given as the configuration, a hints file with authorization headers).
+ * keys file given as the configuration, a hints file with authorization headers). Where the
+ * error is comes from a scan of our own (V8 names no position for an unexpected token).
  */
-export function jsonProblem(err: unknown): string {
+export function jsonProblem(err: unknown, text?: string): string {
+  if (text !== undefined) {
+    const at = jsonErrorAt(text);
+    if (at >= text.length) return 'it ends too soon';
+    if (at >= 0) {
+      let line = 1;
+      let lineStart = 0;
+      for (let i = 0; i < at; i++) {
+        if (text.charCodeAt(i) === 0x0a) {
+          line++;
+          lineStart = i + 1;
+        }
+      }
+      return `an unexpected character at line ${line}, column ${at - lineStart + 1}`;
+    }
+  }
   const message = err instanceof Error ? err.message : String(err);
   const at = /at position (\d+)/.exec(message);
   if (at) return `a syntax error at character ${Number(at[1]) + 1}`;
   if (/end of JSON/.test(message)) return 'it ends too soon';
   if (/^Unexpected token/.test(message)) return 'an unexpected character';
   return 'a syntax error';
+}
+
+/**
+ * The offset at which `text` stops being JSON (RFC 8259): `text.length` when it ends too soon, -1
+ * when it is JSON, -2 when it nests too deep to scan. Only for saying where a refused file is bad.
+ */
+export function jsonErrorAt(text: string): number {
+  let i = 0;
+  const space = (): void => {
+    for (let c = text.charCodeAt(i); c === 0x20 || c === 0x09 || c === 0x0a || c === 0x0d; c = text.charCodeAt(++i));
+  };
+  const expect = (ok: boolean): void => {
+    if (!ok) throw i;
+  };
+  const string = (): void => {
+    for (i++; i < text.length; ) {
+      const c = text.charCodeAt(i);
+      if (c === 0x22) {
+        i++;
+        return;
+      }
+      expect(c >= 0x20);
+      if (c !== 0x5c) i++;
+      else if (text[i + 1] === 'u') {
+        i += 2;
+        for (let k = 0; k < 4; k++, i++) expect(/[0-9a-fA-F]/.test(text[i] ?? ''));
+      } else {
+        i++;
+        expect(i < text.length && '"\\/bfnrt'.includes(text[i]!));
+        i++;
+      }
+    }
+    throw i;
+  };
+  const value = (): void => {
+    space();
+    const c = text[i];
+    if (c === '{' || c === '[') {
+      const close = c === '{' ? '}' : ']';
+      i++;
+      space();
+      if (text[i] === close) {
+        i++;
+        return;
+      }
+      for (;;) {
+        if (c === '{') {
+          space();
+          expect(text[i] === '"');
+          string();
+          space();
+          expect(text[i] === ':');
+          i++;
+        }
+        value();
+        space();
+        if (text[i] === ',') i++;
+        else {
+          expect(text[i] === close);
+          i++;
+          return;
+        }
+      }
+    }
+    if (c === '"') return string();
+    for (const literal of ['true', 'false', 'null']) {
+      if (text.startsWith(literal, i)) {
+        i += literal.length;
+        return;
+      }
+    }
+    const number = /^-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?/.exec(text.slice(i, i + 400));
+    expect(number !== null);
+    i += number![0].length;
+  };
+  try {
+    value();
+    space();
+    expect(i >= text.length);
+    return -1;
+  } catch (at) {
+    return typeof at === 'number' ? Math.min(at, text.length) : -2;
+  }
 }

@@ -141,7 +141,7 @@ describe('affinity tickets', () => {
       );
       assert.throws(() => parseCommand(['--nodes', 'a=http://127.0.0.1:1', '--affinity-keys-file', keys], {}), /--affinity-keys-file: affinity tickets belong to routes in a configuration file \(--config\), and none is given/);
       // The keys file given as the configuration by mistake: its error quotes none of it.
-      assert.throws(() => parseCommand(['--config', keys], {}), (err: Error) => /: not valid JSON \(an unexpected character\)$/.test(err.message) && !err.message.includes(KEY_A.slice(0, 6)));
+      assert.throws(() => parseCommand(['--config', keys], {}), (err: Error) => /: not valid JSON \(an unexpected character at line 1, column 1\)$/.test(err.message) && !err.message.includes(KEY_A.slice(0, 6)));
       const withAffinity = (affinity: unknown, keyHeader: string | null = null): void => {
         writeFileSync(path, JSON.stringify({ clusters: [{ name: 'c', nodes: 'a=http://127.0.0.1:1' }], routes: [{ path: '/live/*', cluster: 'c', policy: 'round_robin', keyHeader, affinity }] }));
         parseCommand(['--config', path], { LAKEFRONT_AFFINITY_KEYS: KEY_A });

@@ -102,6 +102,27 @@ describe('configuration file', () => {
     assert.deepEqual(file.routes[2]!.operations!.writes, []);
   });
 
+  it('says where a file stops being JSON, by line and column, and quotes none of it', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lakefront-json-'));
+    try {
+      const path = join(dir, 'lf.json');
+      for (const [text, problem] of [
+        ['{\n  "clusters": [ }\n', 'an unexpected character at line 2, column 17'],
+        ['{ "port": 8080, }', 'an unexpected character at line 1, column 17'],
+        ['{ "port": "secret-value\u0001" }', 'an unexpected character at line 1, column 24'],
+        ['{ "port": 8080', 'it ends too soon'],
+      ] as const) {
+        writeFileSync(path, text);
+        assert.throws(() => parseCommand(['--config', path], {}), (err: Error) => {
+          assert.equal(err.message, `${path}: not valid JSON (${problem})`);
+          return true;
+        });
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('reads a string node list as --nodes does, each id and URL trimmed', () => {
     const file = parseFileConfig({ ...good, clusters: [{ ...good.clusters[0], nodes: ' a = http://127.0.0.1:1 , b=http://127.0.0.1:2 ' }, good.clusters[1]] }, 'lf.json');
     assert.deepEqual(file.clusters[0]!.members.map((m) => [m.id, m.url]), [['a', 'http://127.0.0.1:1'], ['b', 'http://127.0.0.1:2']]);

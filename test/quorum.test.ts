@@ -1292,7 +1292,7 @@ describe('replicated route: hints saved at a stop', () => {
       } finally {
         process.stderr.write = write;
       }
-      assert.match(said.join(''), /set aside as \S+\.unreadable: not valid JSON \(an unexpected character\)\n$/);
+      assert.match(said.join(''), /set aside as \S+\.unreadable: not valid JSON \(an unexpected character at line 1, column 51\)\n$/);
       assert.ok(!said.join('').includes('s3cr3t'));
       // Hints for a route or replica this configuration no longer has are dropped, and counted.
       const node = await FakeNode.start('gone-a');

@@ -99,7 +99,7 @@ function readConfigFile(path: string, source: string): FileConfig {
   try {
     raw = JSON.parse(text);
   } catch (err) {
-    throw new ConfigError(`${path}: not valid JSON (${jsonProblem(err)})`);
+    throw new ConfigError(`${path}: not valid JSON (${jsonProblem(err, text)})`);
   }
   return parseFileConfig(raw, path);
 }

@@ -1127,7 +1127,7 @@ export function loadHints(file: string): SavedHint[] {
     parsed = JSON.parse(text) as { version?: unknown; hints?: unknown };
   } catch (err) {
     // Not V8's message: it quotes the text, and a hints file holds requests' headers.
-    return setAside(file, `not valid JSON (${jsonProblem(err)})`);
+    return setAside(file, `not valid JSON (${jsonProblem(err, text)})`);
   }
   try {
     if (parsed.version !== 1 || !Array.isArray(parsed.hints)) throw new Error('not a version 1 hints file');
