@@ -18,7 +18,7 @@ const parts: [string, string[]][] = quick
       ['hedging.js', ['--quick', '--repeats', '1', '--seconds', '3']],
       ['threads.js', ['--quick', '--repeats', '1']],
       ['memory.js', ['--quick']],
-      ['etcd.js', ['--quick', '--mixes', '80/20', '--seconds', '2', '--no-failover']],
+      ['etcd.js', ['--quick', '--mixes', '80/20', '--seconds', '1', '--no-failover']],
     ]
   : [['suite.js', []], ['hedging.js', []], ['threads.js', []], ['memory.js', []], ['websocket.js', []], ['quorum.js', []], ['reload.js', []], ['ejection.js', []], ['etcd.js', []], ['etcd.js', ['--workers', '16', '--no-failover', '--section', 'etcd-3-w16']],
       ['etcd.js', ['--members', '5', '--workers', '16', '--trials', '2', '--no-failover', '--section', 'etcd-5-w16']]];
