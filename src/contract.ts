@@ -102,6 +102,9 @@ export const DROPPED_REQUEST_HEADERS: ReadonlySet<string> = new Set([
 /** Longest routing key (the key header's value) the front door accepts. */
 export const MAX_KEY_LENGTH = 1024;
 
+/** Largest answer relayed from a node by default (`--max-response-bytes`; answers are buffered whole). */
+export const DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
+
 /**
  * Whether a request path holds a dot segment (`.` or `..`, or either with the dot
  * percent-encoded, with or without `;parameters`, which servlet containers strip) between

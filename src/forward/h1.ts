@@ -27,6 +27,7 @@ import { performance } from 'node:perf_hooks';
 import { connect, type Socket } from 'node:net';
 import { HeaderFields, connectionNamed, isChunkedOnly, nameIs, parseDecimal } from './fields.js';
 import { PrefixViews } from './prefix-views.js';
+import { DEFAULT_MAX_RESPONSE_BYTES } from '../contract.js';
 
 /** Stable codes for client failures. */
 export const H1Codes = {
@@ -123,7 +124,6 @@ for (let c = 0x41; c <= 0x5a; c++) TOKEN[c] = TOKEN[c + 0x20] = 1;
 
 const EMPTY = Buffer.alloc(0);
 const DEFAULT_KEEP_ALIVE_MS = 4_000;
-const DEFAULT_MAX_RESPONSE = 64 * 1024 * 1024;
 /** Longest response head accepted. */
 const MAX_HEAD_BYTES = 64 * 1024;
 
@@ -660,7 +660,7 @@ export class H1Pool {
     this.requestTimeoutMs = options.requestTimeoutMs;
     this.connectTimeoutMs = options.connectTimeoutMs ?? Math.min(options.requestTimeoutMs, 5_000);
     this.keepAliveTimeoutMs = options.keepAliveTimeoutMs ?? DEFAULT_KEEP_ALIVE_MS;
-    this.maxResponseBytes = options.maxResponseBytes ?? DEFAULT_MAX_RESPONSE;
+    this.maxResponseBytes = options.maxResponseBytes ?? DEFAULT_MAX_RESPONSE_BYTES;
   }
 
   /** Connections open (idle or busy). */

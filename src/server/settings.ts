@@ -1,6 +1,6 @@
 /** Defaults shared by the CLI and `route()`; every value here is documented in the README. */
 import { availableParallelism } from 'node:os';
-import { BOARD_HEADER } from '../contract.js';
+import { BOARD_HEADER, DEFAULT_MAX_RESPONSE_BYTES } from '../contract.js';
 import { DEFAULT_HEALTH_INTERVAL_MS, DEFAULT_HEALTH_TIMEOUT_MS } from '../membership/membership.js';
 import { DEFAULT_HEDGE_BUDGET_PERCENT, DEFAULT_HEDGE_DELAY_MS, DEFAULT_HEDGE_PERCENTILE, DEFAULT_REQUEST_TIMEOUT_MS } from '../router/router.js';
 import { DEFAULT_HINT_WINDOW_MS, DEFAULT_MAX_HINT_BYTES } from '../replication/quorum.js';
@@ -9,8 +9,6 @@ import type { RouteConfig } from './supervisor.js';
 
 export const DEFAULT_HOST = '0.0.0.0';
 export const DEFAULT_MAX_BODY_BYTES = 1024 * 1024;
-/** The largest answer relayed from a node (answers are buffered whole). */
-export const DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
 export const DEFAULT_UPSTREAM_CONNECTIONS = 64;
 export const DEFAULT_DRAIN_TIMEOUT_MS = 10_000;
 export const DEFAULT_CANCEL_GRACE_MS = 250;
