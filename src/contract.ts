@@ -104,6 +104,8 @@ export const MAX_KEY_LENGTH = 1024;
 
 /** Largest answer relayed from a node by default (`--max-response-bytes`; answers are buffered whole). */
 export const DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
+/** WebSocket tunnels: a node quiet this long is pinged; without an answer as long again, the tunnel closes (1011). */
+export const DEFAULT_WS_PING_MS = 30_000;
 
 /**
  * Whether a request path holds a dot segment (`.` or `..`, or either with the dot

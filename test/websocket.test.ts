@@ -62,7 +62,8 @@ async function refusal(ws: WebSocket): Promise<{ status: number; headers: Incomi
 
 async function frontOver(nodes: WsNode[], flags: string[] = []): Promise<FrontDoor> {
   const command = parseCommand(
-    ['--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(','), '--port', '0', '--host', '127.0.0.1', '--threads', '2', '--health-interval-ms', '60000', ...flags],
+    // Health probes a minute apart, unless the test sets them.
+    ['--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(','), '--port', '0', '--host', '127.0.0.1', '--threads', '2', ...(flags.includes('--health-interval-ms') ? [] : ['--health-interval-ms', '60000']), ...flags],
     {},
   );
   return FrontDoor.start((command as { config: FrontDoorConfig }).config);
@@ -394,6 +395,65 @@ describe('WebSocket tunnels: failover and shutdown', () => {
       assert.equal((await ending).code, 1001);
       assert.equal((await atNode).code, 1001, 'the node is told too');
       await stopping;
+    } finally {
+      await door.stop().catch(() => undefined);
+      await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
+    }
+  });
+});
+
+describe('WebSocket tunnels: a node that stops answering', () => {
+  it('is pinged when quiet, and its tunnel closed (1011) when the ping goes unanswered; a node that answers keeps its tunnel', async () => {
+    const nodes = await Promise.all(['ws-h', 'ws-l'].map((id) => new WsNode(id).start()));
+    const door = await frontOver(nodes, ['--ws-ping-ms', '200']);
+    try {
+      const [hung] = await ranking(door.url, 'ws-board-h');
+      const live = nodes.find((n) => n.id !== hung)!;
+      let liveBoard = '';
+      for (let i = 0; liveBoard === ''; i++) if ((await ranking(door.url, `ws-board-l${i}`))[0] === live.id) liveBoard = `ws-board-l${i}`;
+      const doomed = connect(door.url, 'ws-board-h');
+      const kept = connect(door.url, liveBoard);
+      await Promise.all([opened(doomed), opened(kept)]);
+      doomed.send('one');
+      assert.equal((await nextMessage(doomed)).data.toString(), `${hung}:one`);
+      const ending = closed(doomed);
+      nodes.find((n) => n.id === hung)!.stall();
+      const { code, reason } = await ending;
+      assert.equal(code, 1011);
+      assert.match(reason, /did not answer a ping/);
+      // The quiet node that answers: pinged again and again, its tunnel still carries messages.
+      for (let i = 0; i < 3; i++) await once(live, 'pinged');
+      kept.send('still');
+      assert.equal((await nextMessage(kept)).data.toString(), `${live.id}:still`);
+      kept.close();
+      await closed(kept);
+    } finally {
+      await door.stop().catch(() => undefined);
+      await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
+    }
+  });
+
+  it('closes the tunnels of a node out of the rankings within seconds when it answers no ping, and the client is placed anew', async () => {
+    const nodes = await Promise.all(['ws-s', 'ws-t'].map((id) => new WsNode(id).start()));
+    // Quiet tunnels of a node in the rankings would wait ten minutes: only being out counts here.
+    const door = await frontOver(nodes, ['--ws-ping-ms', '600000', '--health-interval-ms', '100', '--health-timeout-ms', '100']);
+    try {
+      const [first, second] = await ranking(door.url, 'ws-board-s');
+      const hung = nodes.find((n) => n.id === first)!;
+      const ws = connect(door.url, 'ws-board-s');
+      await opened(ws);
+      const ending = closed(ws);
+      hung.stall();
+      hung.healthy = false;
+      const { code, reason } = await ending;
+      assert.equal(code, 1011);
+      assert.match(reason, /did not answer a ping within 5 s/);
+      const again = connect(door.url, 'ws-board-s');
+      await opened(again);
+      again.send('moved');
+      assert.equal((await nextMessage(again)).data.toString(), `${second}:moved`);
+      again.close();
+      await closed(again);
     } finally {
       await door.stop().catch(() => undefined);
       await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));

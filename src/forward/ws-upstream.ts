@@ -27,6 +27,7 @@
 import { Buffer, isUtf8 } from 'node:buffer';
 import { createHash, randomBytes, randomFillSync } from 'node:crypto';
 import { connect, isIP, type Socket } from 'node:net';
+import { performance } from 'node:perf_hooks';
 import { createRequire } from 'node:module';
 import { PrefixViews } from './prefix-views.js';
 
@@ -37,7 +38,8 @@ export interface WsUpstreamHandler {
   onRefused(status: number, headers: readonly (readonly [string, string])[], body: Buffer | null): void;
   /**
    * The handshake failed: no connection, a cut or timeout, a malformed or unacceptable answer.
-   * `reason`: a socket error's code (`ECONNREFUSED` ...) when it came from one, else a sentence.
+   * `reason`: a socket error's code (`ECONNREFUSED` ...) when it came from one,
+   * `LF_ERR_UPSTREAM_CONNECT_TIMEOUT` when the connection was not made in time, else a sentence.
    */
   onFailed(reason: string): void;
   /** A whole message. `data` may view a read buffer: valid only during the call. */
@@ -57,7 +59,10 @@ export interface WsUpstreamOptions {
   readonly path: string;
   /** Further request headers (lower-case names); no framing or handshake headers among them. */
   readonly headers: Readonly<Record<string, string>>;
-  /** Bounds the connection and the whole handshake. */
+  /**
+   * Bounds the whole handshake; the connection alone, min(this, 5000) (failing with
+   * `LF_ERR_UPSTREAM_CONNECT_TIMEOUT`, as the h1 client's).
+   */
   readonly handshakeTimeoutMs: number;
   /** Largest message accepted from the node (1009 past it). */
   readonly maxPayload: number;
@@ -85,6 +90,10 @@ const CLOSED = 3;
 /** A partial-frame buffer larger than this is let go once emptied (it grew for a large message). */
 const KEPT_REST_BYTES = 64 * 1024;
 const DEFAULT_CLOSE_WAIT_MS = 5_000;
+/** A connection not made within min(handshake timeout, this) fails, as the h1 client's does. */
+const MAX_CONNECT_MS = 5_000;
+/** The h1 client's code for it (h1.ts H1Codes.CONNECT_TIMEOUT): the node is then held unreachable. */
+const CONNECT_TIMEOUT_CODE = 'LF_ERR_UPSTREAM_CONNECT_TIMEOUT';
 const MAX_HEAD_BYTES = 16 * 1024;
 /** A header line as RFC 9110 5.1 and 5.5 have it: tchar name, colon, tab/SP/VCHAR/obs-text value (latin1 text). */
 const HEADER_LINE = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*$/;
@@ -151,6 +160,8 @@ export class WsUpstream {
   /** Size of the frame (or head) the unparsed bytes begin, once known: room is made for it. */
   private wanted = 0;
   private reported = false;
+  /** Reads from the node so far: whoever watches the tunnel's liveness compares it (see `ping`). */
+  reads = 0;
 
   constructor(
     private readonly options: WsUpstreamOptions,
@@ -192,10 +203,23 @@ export class WsUpstream {
     // An error comes before the close: only a clean close completes a body framed by it.
     this.socket.on('error', (err: NodeJS.ErrnoException) => this.socketGone(err.code ?? err.message, false));
     this.socket.on('close', (hadError: boolean) => this.socketGone('the node closed the connection', !hadError));
+    // Connecting gets the h1 client's bound (min(request timeout, 5 s)) and its code, so that a
+    // node not reachable in time is reported unreachable as for a request; then the handshake
+    // answer gets what is left of the handshake timeout.
+    const startedAt = performance.now();
+    const connectMs = Math.min(options.handshakeTimeoutMs, MAX_CONNECT_MS);
     this.timer = setTimeout(() => {
       this.timer = null;
-      this.fail(`no handshake answer within ${options.handshakeTimeoutMs} ms`);
-    }, options.handshakeTimeoutMs);
+      this.fail(CONNECT_TIMEOUT_CODE);
+    }, connectMs);
+    this.socket.once(secure ? 'secureConnect' : 'connect', () => {
+      if (this.state !== CONNECTING) return;
+      this.clearTimer();
+      this.timer = setTimeout(() => {
+        this.timer = null;
+        this.fail(`no handshake answer within ${options.handshakeTimeoutMs} ms`);
+      }, Math.max(1, options.handshakeTimeoutMs - (performance.now() - startedAt)));
+    });
   }
 
   /** Room held for a partial frame between reads (let go once a large one has passed). */
@@ -242,6 +266,23 @@ export class WsUpstream {
     this.armCloseWait();
   }
 
+  /** Sends a ping (no payload); ignored unless open. Any read after it (its pong) bumps `reads`. */
+  ping(): void {
+    if (this.state === OPEN && !this.closeSent) this.frame(0x9, EMPTY);
+  }
+
+  /**
+   * The node stopped answering (no pong in time): the connection is cut and the handler told
+   * `code` and `reason` as for a close, once.
+   */
+  abandon(code: number, reason: string): void {
+    if (this.state === CLOSED) return;
+    this.state = CLOSED;
+    this.clearTimer();
+    this.socket.destroy();
+    this.report(code, Buffer.from(reason), false);
+  }
+
   /** Cuts the connection at once; the handler hears nothing more. */
   terminate(): void {
     if (this.state === CLOSED) return;
@@ -261,6 +302,7 @@ export class WsUpstream {
   /** One read: bytes[0, n) of `buf` (the per-thread buffer, or a TLS chunk). */
   private received(buf: Buffer, n: number): void {
     if (this.state === CLOSED || this.done || n <= 0) return;
+    this.reads++;
     if (this.restLength === 0) {
       const used = this.parse(buf, 0, n);
       if (used < n && this.state !== CLOSED && !this.done) this.keep(buf, used, n);

@@ -10,6 +10,7 @@ import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import type { HttpRequest, HttpResponse, TemplatedApp, us_listen_socket } from 'uWebSockets.js';
 import {
+  DEFAULT_WS_PING_MS,
   HEDGED_HEADER,
   IDEMPOTENT_HEADER,
   MAX_KEY_LENGTH,
@@ -569,6 +570,10 @@ export class WorkerFront implements TunnelHost {
 
   get handshakeTimeoutMs(): number {
     return this.init.settings.requestTimeoutMs;
+  }
+
+  get wsPingMs(): number {
+    return this.init.settings.wsPingMs ?? DEFAULT_WS_PING_MS;
   }
 
   /** Listens on the configured port; resolves with the bound port, rejects if it could not. */

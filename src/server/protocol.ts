@@ -119,6 +119,12 @@ export interface DataPlaneSettings {
    */
   readonly forwardedFor?: boolean;
   /**
+   * WebSocket tunnels: a node that has sent nothing for this long is pinged, and without an
+   * answer within as long again its tunnel is closed (1011 to the client, which may reconnect
+   * and be placed on a live node). 0: never. Default 30000.
+   */
+  readonly wsPingMs?: number;
+  /**
    * Passive health: this many attempts in a row at a node fail (no answer: a timeout, a reset, a
    * refused connection, a malformed response), counted across workers, and the control plane is asked to
    * eject it (Membership.eject). 0: never. Default 5.

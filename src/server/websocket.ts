@@ -25,6 +25,7 @@
  * into one buffer per thread and masks a client's message straight from uWS's buffer.
  */
 import { Buffer } from 'node:buffer';
+import { performance } from 'node:perf_hooks';
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
 import { MAX_CANDIDATES, isGatewayFailure } from '../forward/exchange.js';
@@ -54,6 +55,13 @@ const CLIENT_HIGH_WATER = 1024 * 1024;
 const CLIENT_LOW_WATER = 256 * 1024;
 /** Backpressure past which a tunnel is closed (1013) rather than a message dropped. */
 const BACKLOG_LIMIT = 16 * 1024 * 1024;
+/**
+ * Liveness of the node's side: a node out of the rankings (a failed health probe, unreachable,
+ * ejected) has its quiet tunnels pinged after this long, and closed without an answer within
+ * `OUT_PONG_WAIT_MS`; a node in them, after `wsPingMs` each (see `sweep`).
+ */
+const OUT_PING_AFTER_MS = 2_000;
+const OUT_PONG_WAIT_MS = 5_000;
 /** Largest body of a non-101 answer relayed from a node. */
 const MAX_RELAYED_BODY = 64 * 1024;
 /** Request headers the handshake to the node does not carry (it makes its own). */
@@ -75,6 +83,8 @@ export interface TunnelHost {
   readonly nodes: readonly NodeSpec[];
   readonly maxMessageBytes: number;
   readonly handshakeTimeoutMs: number;
+  /** A tunnel's node quiet this long is pinged, and the tunnel closed (1011) without an answer as long again; 0: never. */
+  readonly wsPingMs: number;
   readonly draining: boolean;
   /** The front door's own region (affinity placement), or null. */
   readonly region: string | null;
@@ -92,6 +102,13 @@ export interface TunnelHost {
 
 interface Tunnel {
   readonly upstream: WsUpstream;
+  /** The node's cluster and its index there: whether it is still in the rankings. */
+  readonly runtime: ClusterRuntime;
+  readonly node: number;
+  /** Liveness (see `sweep`): the node's reads seen at the last sweep, since when none came, when a ping went unanswered so far (-1: none). */
+  seenReads: number;
+  quietSince: number;
+  pingAt: number;
   /** The first message to the client (its affinity ticket), or null. */
   greeting: string | null;
   client: ClientSocket<{ tunnel: Tunnel }> | null;
@@ -108,6 +125,8 @@ function sendable(code: number): boolean {
 
 export class WebSocketTunnels {
   private readonly open = new Set<Tunnel>();
+  /** Runs while a tunnel is open (`sweep`). */
+  private sweeper: NodeJS.Timeout | null = null;
   /** Handshakes waiting for a node: each answers 503 when called (drain). */
   private readonly pending = new Set<() => void>();
 
@@ -326,7 +345,7 @@ export class WebSocketTunnels {
             upstream.terminate();
             return;
           }
-          const tunnel = this.tunnel(upstream);
+          const tunnel = this.tunnel(upstream, runtime, node);
           // The first message down the socket is the ticket naming the node it reached.
           if (tickets !== null) tunnel.greeting = JSON.stringify({ t: 'affinity', ticket: tickets.mint(runtime.ids[node]!, region) });
           // A browser that offered only its ticket fails a handshake that selects nothing.
@@ -367,10 +386,15 @@ export class WebSocketTunnels {
   }
 
   /** A tunnel around a node's open socket; the client side is attached when uWS opens it. */
-  private tunnel(upstream: WsUpstream): Tunnel {
-    const tunnel: Tunnel = { upstream, greeting: null, client: null, early: null, clientClosed: false, upstreamClosed: false };
+  private tunnel(upstream: WsUpstream, runtime: ClusterRuntime, node: number): Tunnel {
+    const tunnel: Tunnel = { upstream, runtime, node, seenReads: upstream.reads, quietSince: performance.now(), pingAt: -1, greeting: null, client: null, early: null, clientClosed: false, upstreamClosed: false };
     this.open.add(tunnel);
     this.host.slot.bump(C_WEBSOCKETS);
+    if (this.sweeper === null && this.host.wsPingMs > 0) {
+      // A tenth of the wait, within 50 ms - 1 s: a quiet node is pinged, and given up on, close to its time.
+      const every = Math.min(1_000, Math.max(50, Math.floor(Math.min(this.host.wsPingMs, OUT_PING_AFTER_MS) / 10)));
+      this.sweeper = setInterval(() => this.sweep(), every).unref();
+    }
     upstream.setHandler({
       onOpen: () => {},
       onRefused: () => {},
@@ -460,6 +484,49 @@ export class WebSocketTunnels {
   private forget(tunnel: Tunnel): void {
     if (!this.open.delete(tunnel)) return;
     this.host.slot.drop(C_WEBSOCKETS);
-    if (this.open.size === 0) this.host.tunnelsClosed();
+    if (this.open.size === 0) {
+      if (this.sweeper !== null) clearInterval(this.sweeper);
+      this.sweeper = null;
+      this.host.tunnelsClosed();
+    }
+  }
+
+  /**
+   * Whether each tunnel's node still answers. A node can stop without closing (a hung process, a
+   * host gone, a partition): its TCP connection stays open, the client's pings are answered by
+   * uWS, and the client, which would reconnect (and be placed on a live node: seed 004's
+   * re-placement), never learns. So a node that has sent nothing for a while is pinged, and one
+   * that answers nothing, not even the pong, is given up on: the tunnel is closed, 1011 to the
+   * client with the reason and the node's side cut. Quiet for `wsPingMs` (30 s), then as long
+   * again for the pong; for a node out of the rankings (a failed health probe, held unreachable,
+   * ejected) 2 s and then 5 s, so that a hung node's clients move within seconds of its probe
+   * failing, while a node merely marked out keeps the tunnels it still serves.
+   */
+  private sweep(): void {
+    const now = performance.now();
+    this.host.refresh();
+    const quietMs = this.host.wsPingMs;
+    for (const tunnel of this.open) {
+      const upstream = tunnel.upstream;
+      if (upstream.state !== OPEN || tunnel.upstreamClosed) continue;
+      if (upstream.reads !== tunnel.seenReads) {
+        tunnel.seenReads = upstream.reads;
+        tunnel.quietSince = now;
+        tunnel.pingAt = -1;
+        continue;
+      }
+      const out = tunnel.runtime.view.weights[tunnel.node] === 0;
+      if (tunnel.pingAt >= 0) {
+        if (now - tunnel.pingAt >= (out ? OUT_PONG_WAIT_MS : quietMs)) {
+          const waited = Math.round((now - tunnel.pingAt) / 1000);
+          upstream.abandon(1011, `the node did not answer a ping within ${waited} s`);
+        }
+        continue;
+      }
+      if (now - tunnel.quietSince >= (out ? Math.min(OUT_PING_AFTER_MS, quietMs) : quietMs)) {
+        tunnel.pingAt = now;
+        upstream.ping();
+      }
+    }
   }
 }
