@@ -7,6 +7,8 @@ import { once } from 'node:events';
 import type { IncomingHttpHeaders } from 'node:http';
 import { after, afterEach, before, describe, it } from 'node:test';
 import { performance } from 'node:perf_hooks';
+import { spawn } from 'node:child_process';
+import { connect as tcpConnect, type Socket } from 'node:net';
 import WebSocket from 'ws';
 import { parseCommand } from '../src/config/config.js';
 import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
@@ -374,6 +376,42 @@ describe('WebSocket tunnels: failover and shutdown', () => {
       release();
       await door.stop().catch(() => undefined);
       await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
+    }
+  });
+
+  it('takes a node it cannot connect to within the connect timeout out of every ranking, as a request does', async () => {
+    // A node whose connections cannot be made: a process stopped with its accept queue full
+    // (backlog 1, two connections waiting), so the kernel drops further SYNs. It answered the
+    // front door's first health probe before it stopped; the next is a minute away.
+    const stuck = spawn(process.execPath, ['-e', "const s=require('http').createServer((q,r)=>r.end('ok'));s.listen({port:0,host:'127.0.0.1',backlog:1},()=>console.log(s.address().port))"], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const fillers: Socket[] = [];
+    const live = await new WsNode('ws-live').start();
+    let door: FrontDoor | null = null;
+    try {
+      const port = Number(String((await once(stuck.stdout!, 'data'))[0]).trim());
+      door = await frontOver([{ id: 'ws-stuck', url: `http://127.0.0.1:${port}` } as WsNode, live], ['--request-timeout-ms', '1500']);
+      let board = '';
+      for (let i = 0; board === ''; i++) if ((await ranking(door.url, `ws-board-c${i}`))[0] === 'ws-stuck') board = `ws-board-c${i}`;
+      process.kill(stuck.pid!, 'SIGSTOP');
+      for (let i = 0; i < 2; i++) {
+        const filler = tcpConnect({ port, host: '127.0.0.1' });
+        fillers.push(filler);
+        await once(filler, 'connect');
+      }
+      const ws = connect(door.url, board);
+      await opened(ws);
+      ws.send('here');
+      assert.equal((await nextMessage(ws)).data.toString(), 'ws-live:here');
+      // Not connected within min(--request-timeout-ms, 5000): held unreachable, with no probe run.
+      const { healthy } = (await call(`${door.url}/health`)).json<{ healthy: string[] }>();
+      assert.deepEqual(healthy, ['ws-live']);
+      ws.close();
+      await closed(ws);
+    } finally {
+      for (const filler of fillers) filler.destroy();
+      stuck.kill('SIGKILL');
+      await door?.stop().catch(() => undefined);
+      await live.stop();
     }
   });
 
