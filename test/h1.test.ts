@@ -107,6 +107,15 @@ async function send(pool: H1Pool, req: H1Request, expectBody = true): Promise<Ou
   return h.done;
 }
 
+/**
+ * Sends once the connection an answer came on may be reused: after the loop's next poll (a
+ * request sent in the same turn goes on a fresh connection: see H1Pool.release).
+ */
+async function sendAfterPoll(pool: H1Pool, req: H1Request, expectBody = true): Promise<Outcome> {
+  await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
+  return send(pool, req, expectBody);
+}
+
 /** Writes `bytes` one piece at a time, each in its own TCP segment. */
 async function dribble(socket: Socket, bytes: string, size = 1): Promise<void> {
   for (let i = 0; i < bytes.length; i += size) {
@@ -119,7 +128,7 @@ describe('h1 client', () => {
   it('writes one well-formed request and reuses the connection', async () => {
     const { server, pool } = await setup();
     const first = await send(pool, request('POST', '/rpc/x?y=1', ['x-lakefront-board', 'bøard-ü', 'authorization', 'Bearer a b'], '{"v":1}'));
-    const second = await send(pool, request('GET', '/two'));
+    const second = await sendAfterPoll(pool, request('GET', '/two'));
     assert.equal(first.status, 200);
     assert.equal(first.body, 'ok');
     assert.equal(second.body, 'ok');
@@ -139,7 +148,7 @@ describe('h1 client', () => {
     assert.equal(out.status, 201);
     assert.equal(out.body, 'hello, world');
     assert.deepEqual(out.headers, [['Content-Type', 'text/plain'], ['X-Name', 'spaced value']]);
-    assert.equal((await send(pool, request('GET', '/'))).body, 'hello, world', 'the connection is still in step');
+    assert.equal((await sendAfterPoll(pool, request('GET', '/'))).body, 'hello, world', 'the connection is still in step');
     assert.equal(server.connections, 1);
     server.close();
   });
@@ -246,9 +255,9 @@ describe('h1 client', () => {
       else req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nend');
     });
     assert.equal((await send(pool, request('HEAD', '/'), false)).body, '');
-    assert.equal((await send(pool, request('DELETE', '/'))).status, 204);
-    assert.equal((await send(pool, request('GET', '/'))).status, 304);
-    assert.equal((await send(pool, request('GET', '/'))).body, 'end');
+    assert.equal((await sendAfterPoll(pool, request('DELETE', '/'))).status, 204);
+    assert.equal((await sendAfterPoll(pool, request('GET', '/'))).status, 304);
+    assert.equal((await sendAfterPoll(pool, request('GET', '/'))).body, 'end');
     assert.equal(server.connections, 1);
     server.close();
   });
@@ -418,6 +427,26 @@ describe('h1 client', () => {
     assert.deepEqual(outs.map((o) => o.error?.code ?? o.body), ['ok', 'ok', 'ok']);
     assert.deepEqual(server.requests.map((r) => r.text.split(' ')[1]), ['/a', '/b', '/c'], 'in order, each once');
     assert.equal(server.connections, 3);
+    server.close();
+  });
+
+  it('does not reuse a connection in the loop turn its answer came in: the node may have closed it with the answer', async () => {
+    // The node ends every connection after one answer, without saying so (`connection: close`),
+    // answer and FIN in one write. A request sent as the answer arrives (a hedge, another
+    // client's request read in the same poll) must not take the connection it came on.
+    const { server, pool } = await setup((req) => req.socket.end('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok'));
+    const second = handler();
+    const first = handler();
+    const onFirst = first.onResponse.bind(first);
+    first.onResponse = (status, fields, body) => {
+      pool.send(request('POST', '/second', [], 'w'), second);
+      onFirst(status, fields, body);
+    };
+    pool.send(request('POST', '/first', [], 'w'), first);
+    assert.equal((await first.done).body, 'ok');
+    const out = await second.done;
+    assert.equal(out.error?.code ?? out.body, 'ok', 'a bare write sent into the closing connection would be lost');
+    assert.deepEqual(server.requests.map((r) => r.text.split(' ')[1]), ['/first', '/second']);
     server.close();
   });
 

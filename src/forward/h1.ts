@@ -711,18 +711,19 @@ export class H1Pool {
       return;
     }
     conn.idleSince = coarseNow;
-    if (this.queueHead < this.queue.length) {
-      // A request waits. Written now, it could go out on a connection the node is closing: a
-      // FIN that came with the answer is read in the loop's next poll (libuv stops reading a
-      // socket at a short read), so a bare write sent into it would be lost, its outcome
-      // unknown. It is written after that poll, on this connection if the node left it open.
-      setImmediate(afterNextPoll, this, conn);
-      return;
+    // Not reused before the loop's next poll: reused now, by a queued request or one that comes
+    // later in this turn, it could take a connection the node is closing. A FIN that came with
+    // the answer is read only in the next poll (libuv stops reading a socket at a short read),
+    // so a bare write sent into it would be lost, its outcome unknown (and a read failed over,
+    // the node counted toward ejection). See `settleReleased`.
+    releasedNow.push(conn);
+    if (!settleScheduled) {
+      settleScheduled = true;
+      setImmediate(settleReleased);
     }
-    this.idle.push(conn);
   }
 
-  /** @internal after `release`: the next queued request on `conn`, or on a fresh connection. */
+  /** @internal after `release` and a poll: the next queued request on `conn` (or on a fresh connection), else idle. */
   resume(conn: H1Connection): void {
     if (conn.closed) return; // its close made room for the queue (`forget`)
     if (this.closed) {
@@ -819,13 +820,33 @@ export class H1Pool {
   }
 }
 
-/** Runs in this loop turn's check phase: what it schedules runs after the next poll. */
-function afterNextPoll(pool: H1Pool, conn: H1Connection): void {
-  setImmediate(writeWaiting, pool, conn);
-}
+/**
+ * Connections released (answer complete, reusable) in this loop turn, and in the one before:
+ * per thread (module state is), shared by every pool, so that one `setImmediate` a turn serves
+ * them all.
+ */
+let releasedNow: H1Connection[] = [];
+let releasedBefore: H1Connection[] = [];
+let settleScheduled = false;
 
-function writeWaiting(pool: H1Pool, conn: H1Connection): void {
-  pool.resume(conn);
+/**
+ * In a loop turn's check phase (after its poll): the connections released in the turn before
+ * have been through a poll since, so a FIN that came with their last answer has been read (and
+ * closed them); the rest take a queued request or go idle. Those released in this turn wait for
+ * the next poll. The cost is one immediate a turn while connections are released, and a pool
+ * that holds a turn's worth of connections more.
+ */
+function settleReleased(): void {
+  const ready = releasedBefore;
+  for (let i = 0; i < ready.length; i++) {
+    const conn = ready[i]!;
+    conn.pool.resume(conn);
+  }
+  ready.length = 0;
+  releasedBefore = releasedNow;
+  releasedNow = ready;
+  if (releasedBefore.length > 0) setImmediate(settleReleased);
+  else settleScheduled = false;
 }
 
 /** Opaque handle of one sent or queued request. */
