@@ -36,6 +36,11 @@ export const ErrorCodes = {
   BAD_REQUEST: 'LF_ERR_BAD_REQUEST',
   UNSUPPORTED: 'LF_ERR_UNSUPPORTED',
   SHUTTING_DOWN: 'LF_ERR_SHUTTING_DOWN',
+  /**
+   * Every candidate failed, and at least one node that answered was shedding load (503 with a
+   * Retry-After): 503, with the soonest Retry-After any of them gave.
+   */
+  NODES_SHEDDING: 'LF_ERR_NODES_SHEDDING',
   /** A replicated request whose reachable replicas could not make its quorum: nothing was sent. */
   QUORUM_UNAVAILABLE: 'LF_ERR_QUORUM_UNAVAILABLE',
   /** A replicated request sent to its replicas that too few acknowledged or answered. */

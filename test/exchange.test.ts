@@ -4,7 +4,8 @@ import { describe, it } from 'node:test';
 import { ErrorCodes } from '../src/errors.js';
 import { performance } from 'node:perf_hooks';
 import { HedgeBudget, WAIT_CAPACITY } from '../src/forward/budget.js';
-import { Exchange, type ExchangeDriver } from '../src/forward/exchange.js';
+import { Exchange, retryAfterSeconds, type ExchangeDriver } from '../src/forward/exchange.js';
+import { HeaderFields } from '../src/forward/fields.js';
 
 interface Started {
   node: number;
@@ -257,6 +258,38 @@ describe('Exchange', () => {
     assert.equal(ex.failure?.code, ErrorCodes.ALL_CANDIDATES_FAILED);
     assert.equal(ex.failure?.status, 502);
     assert.equal(driver.tally.failovers, 3);
+  });
+
+  it('a retryable request every node failed, some of them shedding load (503 with a Retry-After), is answered 503 with the soonest one', () => {
+    const shed = (wait: string) => HeaderFields.fromRaw([Buffer.from('retry-after'), Buffer.from(wait)]);
+    const driver = new ScriptedDriver(1_000);
+    const ex = exchangeOver(driver, [0, 1, 2, 3], true);
+    ex.begin();
+    ex.answered(0, 503, shed('30'), body, 1);
+    ex.failed(1, new Error('refused'));
+    ex.answered(2, 503, shed(new Date(Date.now() + 12_000).toUTCString()), body, 1);
+    ex.answered(3, 503, shed('soon'), body, 1); // not a Retry-After: a plain 503
+    assert.equal(ex.failure?.code, ErrorCodes.NODES_SHEDDING);
+    assert.equal(ex.failure?.status, 503);
+    assert.ok(ex.retryAfter >= 11 && ex.retryAfter <= 12, `the HTTP-date's ${ex.retryAfter} s, sooner than 30`);
+    assert.deepEqual(ex.reasons?.slice(0, 1), ['answered 503, retry after 30 s']);
+    // None said when: the seed's 502.
+    const plain = exchangeOver(new ScriptedDriver(1_000), [0, 1], true);
+    plain.begin();
+    plain.answered(0, 503, shed('soon'), body, 1);
+    plain.answered(1, 503, null, body, 1);
+    assert.equal(plain.failure?.code, ErrorCodes.ALL_CANDIDATES_FAILED);
+    assert.equal(plain.retryAfter, -1);
+  });
+
+  it('reads a Retry-After as delay-seconds or an HTTP-date, at most a day', () => {
+    const now = Date.parse('Tue, 01 Dec 2026 04:00:00 GMT');
+    assert.equal(retryAfterSeconds('5', now), 5);
+    assert.equal(retryAfterSeconds(' 0 ', now), 0);
+    assert.equal(retryAfterSeconds('Tue, 01 Dec 2026 04:01:30 GMT', now), 90);
+    assert.equal(retryAfterSeconds('Tue, 01 Dec 2026 03:00:00 GMT', now), 0, 'a date past is now');
+    assert.equal(retryAfterSeconds('9999999', now), 86_400);
+    for (const bad of ['', '-1', '1.5', 'soon', '12 s', '2026-12-01']) assert.equal(retryAfterSeconds(bad, now), -1, bad);
   });
 
   it('a retryable request that fails over is answered by the next node', () => {

@@ -852,6 +852,20 @@ describe('front door: HTTP surface', () => {
     for (const n of nodes) assert.equal(n.hits(), 1);
   });
 
+  it('answers 503 with the soonest Retry-After when every candidate failed and those that answered shed load', async () => {
+    const order = await ranking(server.url, 'shed-board');
+    byId(nodes, order[0]!).behaviour = { kind: 'reset' };
+    byId(nodes, order[1]!).behaviour = { kind: 'answer', status: 503, headers: { 'retry-after': '7' } };
+    byId(nodes, order[2]!).behaviour = { kind: 'answer', status: 503, headers: { 'retry-after': '4' } };
+    const reply = await rpc(server.url, 'query.execute', 'shed-board');
+    assert.equal(reply.status, 503);
+    assert.equal(reply.headers['retry-after'], '4');
+    const body = reply.json<{ code: string; attempted: string[]; reasons: string[] }>();
+    assert.equal(body.code, 'LF_ERR_NODES_SHEDDING');
+    assert.deepEqual(body.attempted, order);
+    assert.deepEqual(body.reasons.slice(1), ['answered 503, retry after 7 s', 'answered 503, retry after 4 s']);
+  });
+
   it('answers 502 for an answer over 64 MiB (the default limit), and asks no other node for it', async () => {
     // No hedging here: the node takes a while to send 64 MiB, and a hedge would be a second ask.
     const door = await FrontDoor.start(doorConfig(nodes, { hedgeMode: 'off' }));

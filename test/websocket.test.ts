@@ -240,6 +240,13 @@ describe('WebSocket tunnels', () => {
     const none = await refusal(track(connect(door.url, 'ws-board-4')));
     assert.equal(none.status, 502);
     assert.equal(JSON.parse(none.body).code, 'LF_ERR_ALL_CANDIDATES_FAILED');
+    // Every node shedding load (503 with a Retry-After): 503 with the soonest, not a 502.
+    nodes.forEach((n, i) => (n.refusalHeaders = `retry-after: ${9 - i}\r\n`));
+    const shed = await refusal(track(connect(door.url, 'ws-board-4')));
+    for (const n of nodes) n.refusalHeaders = '';
+    assert.equal(shed.status, 503);
+    assert.equal(shed.headers['retry-after'], String(9 - (nodes.length - 1)));
+    assert.equal(JSON.parse(shed.body).code, 'LF_ERR_NODES_SHEDDING');
     // A refusal too large to relay whole is not cut short silently.
     for (const n of nodes) n.refuseWith = 0;
     byId(first!).refuseWith = 403;

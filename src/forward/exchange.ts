@@ -13,7 +13,9 @@
  * - A retryable request fails over down the whole ranking when an attempt fails and no other
  *   attempt is still running, or when the newest of two racing attempts fails (the older one,
  *   past its trigger, keeps racing); when every candidate has failed it settles as
- *   `ALL_CANDIDATES_FAILED` (502). At most one hedge fires per request.
+ *   `ALL_CANDIDATES_FAILED` (502), or as `NODES_SHEDDING` (503) when any of them answered 503
+ *   with a `Retry-After` (it sheds load: the client is told when to come back, not to retry now).
+ *   At most one hedge fires per request.
  * - A request that is not retryable gets exactly one attempt on one node: no hedge, no failover.
  *   If that attempt fails the outcome is unknown to us and it settles as `OUTCOME_UNKNOWN` (502),
  *   unless it provably sent nothing (`NOT_SENT`, 503).
@@ -124,6 +126,21 @@ export function isBackOff(status: number, headers: unknown): boolean {
   return status === 503 && headers instanceof HeaderFields && headers.find('retry-after') !== null;
 }
 
+/** Longest wait a Retry-After is taken for (a day): a node's larger figure is cut to it. */
+const MAX_RETRY_AFTER_S = 86_400;
+
+/**
+ * Seconds a `Retry-After` value asks for (RFC 9110 10.2.3: delay-seconds, or an HTTP-date, counted
+ * from `nowMs`), at most a day; -1 when it is neither.
+ */
+export function retryAfterSeconds(value: string, nowMs: number): number {
+  const text = value.trim();
+  if (/^\d+$/.test(text)) return Math.min(Number(text), MAX_RETRY_AFTER_S);
+  const at = Date.parse(text);
+  if (Number.isNaN(at) || !/^[A-Za-z]{3}/.test(text)) return -1;
+  return Math.min(Math.max(0, Math.ceil((at - nowMs) / 1000)), MAX_RETRY_AFTER_S);
+}
+
 export interface ExchangeFailure {
   readonly code: string;
   readonly status: number;
@@ -175,6 +192,12 @@ export class Exchange implements HedgeWaiter {
   reasons: string[] | null = null;
   /** An attempt's answer was larger than the front door relays: no other node is tried for it. */
   private tooLarge = false;
+  /**
+   * The soonest `Retry-After` (seconds) of the nodes that answered a retryable attempt with 503
+   * and one (shedding load), or -1: if every candidate fails, the client is told to come back
+   * then (503, `NODES_SHEDDING`) rather than given a 502 that invites an immediate retry.
+   */
+  retryAfter = -1;
   /** Duration of the winning attempt, milliseconds. */
   latencyMs = 0;
   /**
@@ -264,6 +287,12 @@ export class Exchange implements HedgeWaiter {
     if (this.done) return;
     if (this.retryable && isGatewayFailure(status) && !(ordinal === 0 && this.ownNodeFirst && isBackOff(status, headers))) {
       (this.reasons ??= [])[ordinal] = `answered ${status}`;
+      const wait = status === 503 && headers instanceof HeaderFields ? headers.find('retry-after') : null;
+      if (wait !== null) {
+        const seconds = retryAfterSeconds(wait, Date.now());
+        if (seconds >= 0 && (this.retryAfter < 0 || seconds < this.retryAfter)) this.retryAfter = seconds;
+        (this.reasons ??= [])[ordinal] = seconds >= 0 ? `answered 503, retry after ${seconds} s` : `answered 503`;
+      }
       this.next(false, ordinal);
       return;
     }
@@ -323,6 +352,9 @@ export class Exchange implements HedgeWaiter {
     }
     if (this.tooLarge) {
       this.fail(ErrorCodes.RESPONSE_TOO_LARGE, 502, 'the node answered with more than the front door relays (--max-response-bytes); no other node was asked');
+    } else if (this.retryable && this.retryAfter >= 0) {
+      // Some node is there but shedding load: "come back later" is the answer, not a 502.
+      this.fail(ErrorCodes.NODES_SHEDDING, 503, `every candidate node failed, and the nodes that answered are shedding load: retry after ${this.retryAfter} s`);
     } else if (this.retryable) {
       this.fail(ErrorCodes.ALL_CANDIDATES_FAILED, 502, 'every candidate node failed');
     } else if (unsent) {

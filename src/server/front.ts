@@ -54,10 +54,13 @@ const JSON_TYPE = 'application/json';
  * Sends a small JSON answer; safe to call inside or outside the handler. `allow`: a 405's
  * methods. `head`: the answer to a HEAD request, which says the body's length and sends none.
  */
-function replyJson(res: HttpResponse, status: number, body: string, close = false, allow: string | null = null, head = false): void {
+/** A header line of the front door's own answer beside its content-type (`allow` for a 405, `retry-after`). */
+export type ExtraHeader = readonly [name: string, value: string];
+
+function replyJson(res: HttpResponse, status: number, body: string, close = false, extra: ExtraHeader | null = null, head = false): void {
   res.cork(() => {
     res.writeStatus(statusBytes(status)).writeHeader('content-type', JSON_TYPE);
-    if (allow !== null) res.writeHeader('allow', allow);
+    if (extra !== null) res.writeHeader(extra[0], extra[1]);
     endJson(res, body, close, head);
   });
 }
@@ -319,6 +322,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
         .writeStatus(statusBytes(failure.status))
         .writeHeader('content-type', JSON_TYPE)
         .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0');
+      if (failure.code === ErrorCodes.NODES_SHEDDING) res.writeHeader('retry-after', String(exchange.retryAfter));
       this.failureBytes = endJson(res, errorBody(failure.message, failure.code, detail), close, this.method === 'HEAD');
       return;
     }
@@ -769,7 +773,7 @@ export class WorkerFront implements TunnelHost {
       app.any(path, (res, req) => {
         if (framingInDoubt(req)) return this.dropFraming(res);
         const method = req.getCaseSensitiveMethod();
-        this.refuse(res, 405, errorBody(`${path} answers GET and HEAD, not ${method}`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, OWN_METHODS);
+        this.refuse(res, 405, errorBody(`${path} answers GET and HEAD, not ${method}`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, ['allow', OWN_METHODS]);
       });
     }
     // WebSocket handshakes on a proxied route become tunnels; uWS passes any other request on.
@@ -866,9 +870,9 @@ export class WorkerFront implements TunnelHost {
    * @internal The front door answers a request itself (4xx or 501), counted as rejected; with the
    * access log on, the request's line (`arrival`: the request being routed, by default).
    */
-  refuse(res: HttpResponse, status: number, body: string, close: boolean, allow: string | null = null, head = false, arrival = this.refusing): void {
+  refuse(res: HttpResponse, status: number, body: string, close: boolean, extra: ExtraHeader | null = null, head = false, arrival = this.refusing): void {
     this.slot.bump(C_REJECTED);
-    replyJson(res, status, body, close, allow, head);
+    replyJson(res, status, body, close, extra, head);
     this.refusing = null;
     if (arrival !== null) this.logRequest(arrival, status, null, 0, false, head ? 0 : body.length, errorCodeOf(body));
   }
@@ -971,7 +975,7 @@ export class WorkerFront implements TunnelHost {
     if (route.replicas !== null) {
       op = replicatedOp(method);
       if (op < 0) {
-        this.refuse(res, 405, errorBody(`${method} is not carried by a replicated route (${REPLICATED_METHODS})`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, REPLICATED_METHODS, head);
+        this.refuse(res, 405, errorBody(`${method} is not carried by a replicated route (${REPLICATED_METHODS})`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, ['allow', REPLICATED_METHODS], head);
         return;
       }
       // The path is the key when no header names one: `/kv/a/../b` and `/kv/b` must not be

@@ -28,7 +28,7 @@ import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
-import { MAX_CANDIDATES, isGatewayFailure } from '../forward/exchange.js';
+import { MAX_CANDIDATES, isGatewayFailure, retryAfterSeconds } from '../forward/exchange.js';
 import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { connectionNamed } from '../forward/fields.js';
 import { ErrorCodes, errorBody } from '../errors.js';
@@ -92,8 +92,8 @@ export interface TunnelHost {
   readonly forwardedFor: boolean;
   /** Re-reads the membership table if it changed. */
   refresh(): void;
-  /** Answers a request itself (counted as rejected). */
-  refuse(res: HttpResponse, status: number, body: string, close: boolean): void;
+  /** Answers a request itself (counted as rejected), with one more header line if given. */
+  refuse(res: HttpResponse, status: number, body: string, close: boolean, extra?: readonly [string, string] | null): void;
   /** Closes the connection of a request whose framing is in doubt, unanswered (framing.ts). */
   dropFraming(res: HttpResponse): void;
   /** The last open tunnel has closed (a drain waiting for them goes on). */
@@ -311,6 +311,17 @@ export class WebSocketTunnels {
     };
     this.pending.add(shutDown);
     const ticketHeader = tickets === null ? null : tickets.header;
+    /** The soonest Retry-After of the nodes passed over for shedding load (503 with one), or -1. */
+    let retryAfter = -1;
+    const passOverShedding = (status: number, fields: ReadonlyMap<string, string>): boolean => {
+      if (!isGatewayFailure(status)) return false;
+      const wait = status === 503 ? fields.get('retry-after') : undefined;
+      if (wait !== undefined) {
+        const seconds = retryAfterSeconds(wait, Date.now());
+        if (seconds >= 0 && (retryAfter < 0 || seconds < retryAfter)) retryAfter = seconds;
+      }
+      return true;
+    };
     const attempt = (ordinal: number): void => {
       const node = ranking[ordinal]!;
       const g = runtime.globalIndex[node]!;
@@ -325,7 +336,9 @@ export class WebSocketTunnels {
         if (ordinal + 1 < count) attempt(ordinal + 1);
         else {
           this.pending.delete(shutDown);
-          host.refuse(res, 502, errorBody('every candidate node failed the WebSocket handshake', ErrorCodes.ALL_CANDIDATES_FAILED), false);
+          // Nodes that shed load said when to come back: so does the answer (as for a request).
+          if (retryAfter >= 0) host.refuse(res, 503, errorBody(`every candidate node failed the WebSocket handshake, and the nodes that answered are shedding load: retry after ${retryAfter} s`, ErrorCodes.NODES_SHEDDING), false, ['retry-after', String(retryAfter)]);
+          else host.refuse(res, 502, errorBody('every candidate node failed the WebSocket handshake', ErrorCodes.ALL_CANDIDATES_FAILED), false);
         }
       };
       const handshake: WsUpstreamHandler = {
@@ -360,7 +373,7 @@ export class WebSocketTunnels {
       const upstream = new WsUpstream(
         // A node that cannot serve now (502, 503, 504) is passed over at its status line; the
         // client's own node (its ticket's) that sheds load (503 with a Retry-After) is relayed.
-        { origin: this.origins[g]!, path, headers, handshakeTimeoutMs: host.handshakeTimeoutMs, maxPayload: host.maxMessageBytes, maxRefusalBytes: MAX_RELAYED_BODY, passOver: ordinal === 0 && node === pin ? passOverOwnNode : isGatewayFailure },
+        { origin: this.origins[g]!, path, headers, handshakeTimeoutMs: host.handshakeTimeoutMs, maxPayload: host.maxMessageBytes, maxRefusalBytes: MAX_RELAYED_BODY, passOver: ordinal === 0 && node === pin ? passOverOwnNode : passOverShedding },
         handshake,
       );
       current = upstream;
