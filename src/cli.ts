@@ -20,6 +20,17 @@ const SIGNAL_WAIT_MS = 2_000;
 const CLOSE_NOW_MS = 1_000;
 
 /** A kernel setting under /proc/sys, trimmed; null where it cannot be read. */
+/**
+ * Where a front door listens, for its start-up line: its URL, or, on every interface (0.0.0.0,
+ * ::), the address it is bound to and the URL to reach it from this machine (its `url`, which
+ * names loopback, would read as listening on loopback alone).
+ */
+function listeningOn(door: FrontDoor): string {
+  if (door.host !== '0.0.0.0' && door.host !== '::') return door.url;
+  const bound = door.host === '::' ? `[::]:${door.port}` : `${door.host}:${door.port}`;
+  return `${bound} (every interface; ${door.url} from this machine)`;
+}
+
 function readSysctl(path: string): string | null {
   try {
     return readFileSync(`/proc/sys/${path}`, 'utf8').trim();
@@ -135,7 +146,7 @@ async function main(): Promise<void> {
       config = next;
       watch(successor);
       draining.add(previous);
-      process.stdout.write(`lakefront: SIGHUP: reloaded ${configFile}: serving on ${successor.url} with ${successor.threads} worker thread(s) over ${over(next)}; the previous configuration drains\n`);
+      process.stdout.write(`lakefront: SIGHUP: reloaded ${configFile}: serving on ${listeningOn(successor)} with ${successor.threads} worker thread(s) over ${over(next)}; the previous configuration drains\n`);
       if (!migrateWarned && readSysctl('net/ipv4/tcp_migrate_req') !== '1') {
         migrateWarned = true;
         process.stderr.write('lakefront: net.ipv4.tcp_migrate_req is not 1: a connection not yet accepted by the old workers when they stop listening is reset; `sysctl -w net.ipv4.tcp_migrate_req=1` (Linux 5.14+) hands such connections to the new ones\n');
@@ -213,7 +224,7 @@ async function main(): Promise<void> {
   process.on('SIGINT', () => shutdown('SIGINT'));
   // Said once the signals are handled: whoever reads this line may signal at once.
   process.stdout.write(
-    `lakefront: listening on ${door.url} with ${door.threads} worker thread(s) over ${demo ? 'the embedded demo cluster: ' : ''}${over(config)}\n`,
+    `lakefront: listening on ${listeningOn(door)} with ${door.threads} worker thread(s) over ${demo ? 'the embedded demo cluster: ' : ''}${over(config)}\n`,
   );
   if (demo) {
     process.stdout.write(

@@ -148,6 +148,9 @@ describe('affinity tickets', () => {
       };
       assert.throws(() => withAffinity({ app: 'x', header: 'Authorization' }), /routes\[0\]\.affinity\.header: "authorization" is a header the nodes or the front door need/);
       assert.throws(() => withAffinity({ app: 'x', header: 'sec-websocket-protocol' }), /affinity\.header: "sec-websocket-protocol" is a header/);
+      for (const own of ['x-lakefront-served-by', 'x-lakefront-hedged', 'x-lakefront-idempotent', 'x-lakefront-version', 'x-lakefront-acks', 'x-lakefront-hint-for']) {
+        assert.throws(() => withAffinity({ app: 'x', header: own }), new RegExp(`affinity\\.header: "${own}" is a header the nodes or the front door need`));
+      }
       assert.throws(() => withAffinity({ app: 'x', header: 'x-session' }, 'x-session'), /affinity\.header: "x-session" is the route's key header/);
       assert.throws(() => withAffinity('yes'), /routes\[0\]\.affinity: must be \{ app, header\?, ttlSeconds\?, generation\? \}, got "yes"/);
       assert.throws(() => withAffinity({ app: 'x', ttlSeconds: 0 }), /affinity\.ttlSeconds/);

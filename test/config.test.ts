@@ -47,8 +47,9 @@ describe('flags and environment', () => {
     ['an etcd policy without etcd members', ['--nodes', 'a=http://127.0.0.1:1', '--etcd-policy', 'round_robin'], {}, /--etcd-policy: applies to --etcd members, and none are given/],
     ['the same, from the environment', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_ETCD_POLICY: 'hybrid' }, /LAKEFRONT_ETCD_POLICY: applies to --etcd members/],
     // parseArgs alone calls `-1` an ambiguous argument without naming it.
-    ['a negative thread count', ['--threads', '-1', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--threads: not a whole number: "-1"$/],
-    ['a negative body limit', ['--max-body-bytes', '-5', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--max-body-bytes: not a whole number: "-5"$/],
+    ['a negative thread count', ['--threads', '-1', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--threads: -1 is out of range 1\.\.256$/],
+    ['a negative body limit', ['--max-body-bytes', '-5', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--max-body-bytes: -5 is out of range 0\.\.1073741824$/],
+    ['a fraction of a thread', ['--threads', '1.5', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--threads: not a whole number: "1\.5"$/],
     ['a response limit under 1 KiB', ['--max-response-bytes', '100', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--max-response-bytes: 100 is out of range 1024\.\.1073741824$/],
     ['a response limit from the environment that is not a number', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_MAX_RESPONSE_BYTES: 'lots' }, /^LAKEFRONT_MAX_RESPONSE_BYTES: not a whole number: "lots"$/],
     ['a negative hedge budget', ['--hedge-budget-percent', '-1', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-budget-percent: -1 is out of range 0\.\.100$/],
@@ -121,6 +122,22 @@ describe('configuration file', () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+
+  it('reads a file that begins with a byte-order mark (some editors write one)', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lakefront-bom-'));
+    try {
+      const path = join(dir, 'lf.json');
+      writeFileSync(path, `\ufeff${JSON.stringify(good)}`);
+      assert.deepEqual(run(["--config", path]).clusters[0]!.members.map((m) => m.id), ["a", "b"]);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('names a node without a url, and says what a URL must look like', () => {
+    assert.throws(() => parseFileConfig({ ...good, clusters: [{ ...good.clusters[0], nodes: [{ id: 'a' }] }, good.clusters[1]] }, 'lf.json'), /lf\.json: clusters\[0\]\.nodes: node "a" has no url \(http\(s\):\/\/host:port\)$/);
+    assert.throws(() => parseCommand(['--nodes', 'a=http://127.0.0.1:99999'], {}), /--nodes: bad URL "http:\/\/127\.0\.0\.1:99999" for node "a" \(not a URL of the form http\(s\):\/\/host:port, the port 1-65535\)$/);
   });
 
   it('reads a string node list as --nodes does, each id and URL trimmed', () => {

@@ -76,7 +76,8 @@ export type Command =
   | { readonly kind: 'run'; readonly demo: boolean; readonly config: FrontDoorConfig; readonly configFile: string | null };
 
 function integer(raw: string, source: string, min: number, max: number): number {
-  if (!/^\d+$/.test(raw.trim())) throw new ConfigError(`${source}: not a whole number: ${JSON.stringify(raw)}`);
+  // A negative whole number is one: the range names what is wrong with it.
+  if (!/^-?\d+$/.test(raw.trim())) throw new ConfigError(`${source}: not a whole number: ${JSON.stringify(raw)}`);
   const value = Number(raw);
   if (value < min || value > max) throw new ConfigError(`${source}: ${value} is out of range ${min}..${max}`);
   return value;
@@ -96,6 +97,8 @@ function readConfigFile(path: string, source: string): FileConfig {
   } catch (err) {
     throw new ConfigError(`${source}: cannot read ${JSON.stringify(path)} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
   }
+  // A byte-order mark, as some editors on Windows write: not JSON, but no fault of the contents.
+  if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
   let raw: unknown;
   try {
     raw = JSON.parse(text);

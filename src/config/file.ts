@@ -25,7 +25,7 @@ import { REGION_NAME, parseMemberList, validateMembers, type MemberConfig } from
 import { OWN_PATHS, POLICY_NAMES, type OperationRules, type PolicyName, type PolicySettings } from '../server/protocol.js';
 import type { ClusterConfig, RouteConfig } from '../server/supervisor.js';
 import { ETCD_HEALTH_PATH, ETCD_OPERATIONS, etcdPreset } from './presets.js';
-import { CONSISTENCY_LEVELS, DEFAULT_HINT_WINDOW_MS, DEFAULT_MAX_HINT_BYTES, majority, type Consistency, type QuorumSettings } from '../replication/quorum.js';
+import { ACKS_HEADER, CONSISTENCY_LEVELS, DEFAULT_HINT_WINDOW_MS, DEFAULT_MAX_HINT_BYTES, HINT_HEADER, VERSION_HEADER, majority, type Consistency, type QuorumSettings } from '../replication/quorum.js';
 
 export interface FileConfig {
   readonly port?: number;
@@ -135,7 +135,8 @@ const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9a-z-]+$/;
 /** A route or operation path: exact, or a prefix ending in `*`. */
 const PATH_PATTERN = /^\/[^*]*\*?$/;
 
-const RESERVED_TICKET_HEADERS: ReadonlySet<string> = new Set(['authorization', 'cookie', 'set-cookie', SERVED_BY_HEADER, HEDGED_HEADER, IDEMPOTENT_HEADER]);
+/** Headers a ticket may not travel in: the nodes' (authorization, cookies) and every one of the front door's own. */
+const RESERVED_TICKET_HEADERS: ReadonlySet<string> = new Set(['authorization', 'cookie', 'set-cookie', SERVED_BY_HEADER, HEDGED_HEADER, IDEMPOTENT_HEADER, VERSION_HEADER, ACKS_HEADER, HINT_HEADER]);
 
 /**
  * A route's `affinity` (seed 004): `{ app, header?, ttlSeconds?, generation? }`. The signing keys

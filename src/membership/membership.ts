@@ -71,11 +71,12 @@ export function validateMembers(members: readonly MemberConfig[], what = 'nodes'
     }
     if (seen.has(id)) throw new ConfigError(`${what}: duplicate node id "${id}"`);
     seen.add(id);
+    if (typeof member.url !== 'string' || member.url.trim() === '') throw new ConfigError(`${what}: node "${id}" has no url (http(s)://host:port)`);
     let url: URL;
     try {
       url = new URL(member.url);
     } catch {
-      throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}"`);
+      throw new ConfigError(`${what}: bad URL ${JSON.stringify(member.url)} for node "${id}" (not a URL of the form http(s)://host:port, the port 1-65535)`);
     }
     // Never echoed: it would print the password into the log.
     if (url.username || url.password) throw new ConfigError(`${what}: the URL for node "${id}" carries credentials, which are not supported`);
