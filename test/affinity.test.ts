@@ -308,6 +308,30 @@ describe('affinity through the front door', () => {
     }
   });
 
+  it('places every request carrying one stale ticket on the same sibling, and the clients of a node that is down over all its siblings', async () => {
+    const down = nodes[0]!;
+    // Sixteen clients placed on it, a second apart (tickets issued in the same second for the same
+    // node are the same ticket: those clients cannot be told apart, and move together).
+    const tickets = Array.from({ length: 16 }, (_, i) => new TicketBook(settings(), () => Date.now() - i * 1000).mint(down.id));
+    down.healthy = false;
+    try {
+      while (((await call(`${door.url}/health`)).json<{ healthy: string[] }>().healthy).includes(down.id)) await once(down, 'probe');
+      const landed = new Set<string>();
+      for (const ticket of tickets) {
+        // One client's requests (its HTTP leg and its socket alike): one sibling, not the rotation's next.
+        const where = new Set<string>();
+        for (let i = 0; i < 4; i++) where.add(String((await read(ticket)).headers['x-lakefront-served-by']));
+        assert.equal(where.size, 1, `one sibling for one client, got ${[...where]}`);
+        landed.add([...where][0]!);
+      }
+      assert.equal(landed.has(down.id), false);
+      assert.equal(landed.size, 2, 'the clients spread over both siblings');
+    } finally {
+      down.healthy = true;
+      while (!((await call(`${door.url}/health`)).json<{ healthy: string[] }>().healthy).includes(down.id)) await once(down, 'probe');
+    }
+  });
+
   it('relays its own node\'s 503 with a Retry-After (the node sheds load) and keeps the client there; a plain 503 still moves it', async () => {
     const placed = await read();
     const id = String(placed.headers['x-lakefront-served-by']);
@@ -336,8 +360,15 @@ describe('affinity through the front door', () => {
       assert.equal(failedOver.status, 200);
       assert.notEqual(failedOver.headers['x-lakefront-served-by'], id);
       assert.equal(nodeOf(book.check(String(failedOver.headers['x-lakefront-affinity']))), failedOver.headers['x-lakefront-served-by']);
+      // A bare write without a ticket, its node shedding: the node's 503 is relayed (a write is
+      // sent once), and the client is not handed a ticket to the node that turned it away.
+      for (const n of nodes) n.behaviour = { kind: 'answer', status: 503, headers: { 'retry-after': '5' } };
+      const write = await call(`${door.url}/rpc/board.append`, { method: 'POST', body: '{}' });
+      assert.equal(write.status, 503);
+      assert.equal(write.headers['retry-after'], '5');
+      assert.equal(write.headers['x-lakefront-affinity'], undefined);
     } finally {
-      node.behaviour = { kind: 'answer' };
+      for (const n of nodes) n.behaviour = { kind: 'answer' };
     }
   });
 

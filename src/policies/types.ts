@@ -104,20 +104,42 @@ export function preferRegion(candidates: Int32Array, count: number, regionOf: In
   }
   // A rotating policy's turn: the region's candidates in a fixed order (by index: the policy's
   // own rotation would correlate with the turns), then rotated by it, so that they take turns.
-  if (turn >= 0 && front > 1) {
-    for (let i = 1; i < front; i++) {
-      const node = candidates[i]!;
-      let j = i;
-      for (; j > 0 && candidates[j - 1]! > node; j--) candidates[j] = candidates[j - 1]!;
-      candidates[j] = node;
-    }
-    for (let shift = turn % front; shift > 0; shift--) {
-      const first = candidates[0]!;
-      candidates.copyWithin(0, 1, front);
-      candidates[front - 1] = first;
-    }
-  }
+  if (turn >= 0) inTurn(candidates, front, turn);
   return front;
+}
+
+/**
+ * Puts candidates[0 .. count) in a fixed order (by node index), then rotated by `turn`: the same
+ * turn gives the same order whatever order they came in.
+ */
+export function inTurn(candidates: Int32Array, count: number, turn: number): void {
+  if (count < 2) return;
+  for (let i = 1; i < count; i++) {
+    const node = candidates[i]!;
+    let j = i;
+    for (; j > 0 && candidates[j - 1]! > node; j--) candidates[j] = candidates[j - 1]!;
+    candidates[j] = node;
+  }
+  for (let shift = turn % count; shift > 0; shift--) {
+    const first = candidates[0]!;
+    candidates.copyWithin(0, 1, count);
+    candidates[count - 1] = first;
+  }
+}
+
+/**
+ * A turn of a client's own on a rotating route, from its affinity ticket (FNV-1a of the ticket
+ * as sent): where its node cannot take it, every request and socket carrying the same ticket is
+ * placed on the same sibling (seed 004: both legs of a client on one follower), while the clients
+ * of a node that failed spread over its siblings as their tickets differ.
+ */
+export function ticketTurn(ticket: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < ticket.length; i++) {
+    h ^= ticket.charCodeAt(i);
+    h = Math.imul(h, 0x01000193);
+  }
+  return (h >>> 0) & 0x3fffffff;
 }
 
 /**

@@ -19,14 +19,14 @@ import {
   isSafeMethod,
 } from '../contract.js';
 import { ErrorCodes, errorBody } from '../errors.js';
-import { Exchange } from '../forward/exchange.js';
+import { Exchange, isBackOff } from '../forward/exchange.js';
 import { connectionNamed, isChunkedOnly, type HeaderFields } from '../forward/fields.js';
 import { H1Agent, sweepPeriodMs } from '../forward/h1.js';
 import { UpstreamRequest } from '../forward/upstream.js';
 import { FLAG_HEALTHY, TableReader, type NodeRow } from '../membership/table.js';
 import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
 import { NodeHistograms } from '../metrics/histograms.js';
-import { pinFirst, preferRegion, regionTurn, type Policy } from '../policies/types.js';
+import { inTurn, pinFirst, preferRegion, regionTurn, ticketTurn, type Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type NodeSpec, type RouteSpec, type SavedHint, type WorkerInit } from './protocol.js';
@@ -163,6 +163,8 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     private readonly renewTicket: boolean,
     /** An affinity route's client region: its ticket's, else the front door's (null: none). */
     private readonly region: string | null,
+    /** A rotating route's client with a valid ticket: its own turn (ticketTurn), else -1. */
+    private readonly placeTurn: number,
   ) {
     this.upstream = new UpstreamRequest(method, path, headers, null);
   }
@@ -236,10 +238,15 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     exchange.op = this.op;
     // A policy ranks every routable node; the exchange holds at most MAX_CANDIDATES of them.
     exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates), exchange.candidates.length);
+    // A ticket's client on a rotating route takes its own turn, not the route's: where its node
+    // cannot take the request (gone, or failing now), it goes to the same sibling as its other
+    // requests and its sockets (seed 004), not to whichever is next in the rotation.
+    const turn = this.placeTurn;
+    if (turn >= 0) inTurn(exchange.candidates, exchange.count, turn);
     // Placed by ticket, a client goes to its region first (a leader's writes stay with the leader).
     if (this.region !== null && !(this.op !== OP_READ && this.route.policy.leaderWrites === true)) {
       const region = runtime.regionIndex(this.region);
-      if (region >= 0) preferRegion(exchange.candidates, exchange.count, runtime.regionOf, region, regionTurn(this.route.policy, this.route.turns, region));
+      if (region >= 0) preferRegion(exchange.candidates, exchange.count, runtime.regionOf, region, turn >= 0 ? turn : regionTurn(this.route.policy, this.route.turns, region));
     }
     // Where writes belong to the leader (hybrid), a ticket does not move them; the client keeps it.
     if (this.pinned >= 0 && this.op !== OP_READ && this.route.policy.leaderWrites === true) this.ticketKept = true;
@@ -331,8 +338,10 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const isHead = this.method === 'HEAD';
     // Placed anew (no valid ticket, or its node could not be used), or a ticket past half its
     // life: a fresh ticket for where it landed. A node's own header of that name is not relayed.
+    // Not onto a node that sheds load (a bare write's 503 with a Retry-After, relayed): the
+    // client is not placed where it was just told to come back later.
     const tickets = this.route.tickets;
-    if (tickets !== null && !this.ticketKept && (exchange.servedBy !== this.pinned || this.renewTicket)) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!, this.region));
+    if (tickets !== null && !this.ticketKept && (exchange.servedBy !== this.pinned || this.renewTicket) && !isBackOff(exchange.status, exchange.headers)) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!, this.region));
     const own = runtime.answerLines[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
     writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead, tickets === null ? null : tickets.header);
     // uWS writes its own content-length; for HEAD the node's is relayed instead (see relay.ts),
@@ -1035,6 +1044,7 @@ export class WorkerFront implements TunnelHost {
     let pinned = -1;
     let renew = false;
     let region: string | null = null;
+    let turn = -1;
     if (tickets !== null) {
       region = this.init.region;
       if (scan.ticket !== '') {
@@ -1043,11 +1053,12 @@ export class WorkerFront implements TunnelHost {
           pinned = route.runtime.indexOf(checked.node);
           renew = tickets.wearing(checked.expiresAt);
           region = checked.region ?? region;
+          if (route.policy.rotating === true) turn = ticketTurn(scan.ticket);
         }
       }
     }
     this.slot.bump(C_REQUESTS);
-    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region);
+    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region, turn);
     if (this.refusing !== null) {
       request.arrival = this.refusing;
       this.refusing = null;

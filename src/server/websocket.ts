@@ -33,7 +33,7 @@ import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { connectionNamed } from '../forward/fields.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
-import { pinFirst, preferRegion, regionTurn, type Policy } from '../policies/types.js';
+import { inTurn, pinFirst, preferRegion, regionTurn, ticketTurn, type Policy } from '../policies/types.js';
 import { TICKET_PROTOCOL_PREFIX, type TicketBook } from '../affinity/tickets.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
 import type { OperationClassifier } from './operations.js';
@@ -283,15 +283,19 @@ export class WebSocketTunnels {
     // The client's region (its ticket's, else the front door's): placed anew, it goes there first.
     let region = tickets === null ? null : host.region;
     let pin = -1;
+    // A ticket's client on a rotating route takes its own turn, as its requests do (front.ts).
+    let turn = -1;
     if (tickets !== null && ticket !== '') {
       const checked = tickets.check(ticket);
       if ('node' in checked) {
         pin = runtime.indexOf(checked.node);
         region = checked.region ?? region;
+        if (route.policy.rotating === true) turn = ticketTurn(ticket);
       }
     }
+    if (turn >= 0) inTurn(ranking, count, turn);
     const regionIndex = runtime.regionIndex(region);
-    if (regionIndex >= 0) preferRegion(ranking, count, runtime.regionOf, regionIndex, regionTurn(route.policy, route.turns, regionIndex));
+    if (regionIndex >= 0) preferRegion(ranking, count, runtime.regionOf, regionIndex, turn >= 0 ? turn : regionTurn(route.policy, route.turns, regionIndex));
     if (pin >= 0) pinFirst(ranking, count, pin, runtime.view.weights[pin]! > 0);
     host.slot.bump(C_REQUESTS);
     if (offered !== '') headers['sec-websocket-protocol'] = offered;
