@@ -248,6 +248,11 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
       const region = runtime.regionIndex(this.region);
       if (region >= 0) preferRegion(exchange.candidates, exchange.count, runtime.regionOf, region, turn >= 0 ? turn : regionTurn(this.route.policy, this.route.turns, region));
     }
+    // A client with a ticket is not hedged, on its node or placed anew on a sibling (its own turn,
+    // above): its session belongs on one node, and a hedge would answer it from another (with a
+    // ticket for that one) while its other requests and sockets go to the first. A failure still
+    // fails over.
+    if (this.pinned >= 0 || turn >= 0) exchange.hedgeEnabled = false;
     // Where writes belong to the leader (hybrid), a ticket does not move them; the client keeps it.
     if (this.pinned >= 0 && this.op !== OP_READ && this.route.policy.leaderWrites === true) this.ticketKept = true;
     else if (this.pinned >= 0) {
@@ -255,11 +260,9 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
       if (count < 0) this.pinned = -1;
       else {
         exchange.count = count;
-        // Pinned, the request belongs on its node (its session lives there): no hedge to
-        // another one. A failure still fails over, and the client is re-placed with a ticket;
-        // but the node's 503 with a Retry-After (it sheds load) is its answer, and the client
-        // keeps its ticket.
-        exchange.hedgeEnabled = false;
+        // Pinned (and so not hedged, above): a failure still fails over, and the client is
+        // re-placed with a ticket; but the node's 503 with a Retry-After (it sheds load) is its
+        // answer, and the client keeps its ticket.
         exchange.ownNodeFirst = true;
       }
     }
