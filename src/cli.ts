@@ -19,7 +19,6 @@ const SIGNAL_WAIT_MS = 2_000;
 /** How long a second signal waits for the worker threads to close their sockets and end. */
 const CLOSE_NOW_MS = 1_000;
 
-/** A kernel setting under /proc/sys, trimmed; null where it cannot be read. */
 /**
  * Where a front door listens, for its start-up line: its URL, or, on every interface (0.0.0.0,
  * ::), the address it is bound to and the URL to reach it from this machine (its `url`, which
@@ -31,6 +30,7 @@ function listeningOn(door: FrontDoor): string {
   return `${bound} (every interface; ${door.url} from this machine)`;
 }
 
+/** A kernel setting under /proc/sys, trimmed; null where it cannot be read. */
 function readSysctl(path: string): string | null {
   try {
     return readFileSync(`/proc/sys/${path}`, 'utf8').trim();

@@ -313,19 +313,32 @@ describe('affinity through the front door', () => {
     // Sixteen clients placed on it, a second apart (tickets issued in the same second for the same
     // node are the same ticket: those clients cannot be told apart, and move together).
     const tickets = Array.from({ length: 16 }, (_, i) => new TicketBook(settings(), () => Date.now() - i * 1000).mint(down.id));
-    down.healthy = false;
-    try {
-      while (((await call(`${door.url}/health`)).json<{ healthy: string[] }>().healthy).includes(down.id)) await once(down, 'probe');
-      const landed = new Set<string>();
+    /** Where each client's requests land: one sibling a client (its HTTP leg and its socket alike), not the rotation's next. */
+    const siblings = async (): Promise<string[]> => {
+      const landed: string[] = [];
       for (const ticket of tickets) {
-        // One client's requests (its HTTP leg and its socket alike): one sibling, not the rotation's next.
         const where = new Set<string>();
         for (let i = 0; i < 4; i++) where.add(String((await read(ticket)).headers['x-lakefront-served-by']));
         assert.equal(where.size, 1, `one sibling for one client, got ${[...where]}`);
-        landed.add([...where][0]!);
+        landed.push([...where][0]!);
       }
-      assert.equal(landed.has(down.id), false);
-      assert.equal(landed.size, 2, 'the clients spread over both siblings');
+      return landed;
+    };
+    // Failing while still in the rankings (its probe passes): each read fails over to a sibling.
+    down.behaviour = { kind: 'answer', status: 502 };
+    let failing: string[];
+    try {
+      failing = await siblings();
+    } finally {
+      down.behaviour = { kind: 'answer' };
+    }
+    down.healthy = false;
+    try {
+      while (((await call(`${door.url}/health`)).json<{ healthy: string[] }>().healthy).includes(down.id)) await once(down, 'probe');
+      const out = await siblings();
+      assert.deepEqual(out, failing, 'the same sibling once the node is out of the rankings as while it failed');
+      assert.equal(out.includes(down.id), false);
+      assert.equal(new Set(out).size, 2, 'the clients spread over both siblings');
     } finally {
       down.healthy = true;
       while (!((await call(`${door.url}/health`)).json<{ healthy: string[] }>().healthy).includes(down.id)) await once(down, 'probe');

@@ -289,7 +289,10 @@ describe('Exchange', () => {
     assert.equal(retryAfterSeconds('Tue, 01 Dec 2026 04:01:30 GMT', now), 90);
     assert.equal(retryAfterSeconds('Tue, 01 Dec 2026 03:00:00 GMT', now), 0, 'a date past is now');
     assert.equal(retryAfterSeconds('9999999', now), 86_400);
-    for (const bad of ['', '-1', '1.5', 'soon', '12 s', '2026-12-01']) assert.equal(retryAfterSeconds(bad, now), -1, bad);
+    // The obsolete forms RFC 9110 asks recipients to take: asctime is in GMT, whatever the zone here.
+    assert.equal(retryAfterSeconds('Tuesday, 01-Dec-26 04:01:00 GMT', now), 60);
+    assert.equal(retryAfterSeconds('Tue Dec  1 04:02:00 2026', now), 120);
+    for (const bad of ['', '-1', '1.5', 'soon', '12 s', '2026-12-01', 'Jan 2026', 'Thu 1', 'Tue, 01 Dec 2026 04:01:30 PST', 'Tue, 1 Dec 2026 04:01:30 GMT']) assert.equal(retryAfterSeconds(bad, now), -1, bad);
   });
 
   it('a retryable request that fails over is answered by the next node', () => {

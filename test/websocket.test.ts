@@ -478,6 +478,40 @@ describe('WebSocket tunnels: a node that stops answering', () => {
     }
   });
 
+  it('does not give up on a node it stopped reading itself, for a client that is behind', async () => {
+    const nodes = await Promise.all(['ws-p1', 'ws-p2'].map((id) => new WsNode(id).start()));
+    const door = await frontOver(nodes, ['--ws-ping-ms', '100']);
+    try {
+      const [home] = await ranking(door.url, 'ws-board-p');
+      const ws = connect(door.url, 'ws-board-p');
+      await opened(ws);
+      // The client stops reading while its node sends 6.4 MB: past the 1 MiB the front door lets
+      // pile up, it stops reading the node (whose pongs then wait unread too) for a while far
+      // longer than a ping and its wait.
+      const socket = (ws as unknown as { _socket: Socket })._socket;
+      socket.pause();
+      const node = nodes.find((n) => n.id === home)!;
+      ws.send('flood:100:65536');
+      while (node.flushed < 20) await once(node, 'flushed');
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      let received = 0;
+      ws.on('message', () => void received++);
+      const ended = closed(ws).then(({ code, reason }) => {
+        throw new Error(`closed ${code} (${reason}) after ${received} of 100 messages`);
+      });
+      socket.resume();
+      while (received < 100) await Promise.race([once(ws, 'message'), ended]);
+      ws.send('still');
+      const [last] = (await once(ws, 'message')) as [Buffer];
+      assert.equal(last.toString(), `${home}:still`, 'the tunnel is open, nothing lost');
+      ws.close();
+      await closed(ws);
+    } finally {
+      await door.stop().catch(() => undefined);
+      await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
+    }
+  });
+
   it('closes the tunnels of a node out of the rankings within seconds when it answers no ping, and the client is placed anew', async () => {
     const nodes = await Promise.all(['ws-s', 'ws-t'].map((id) => new WsNode(id).start()));
     // Quiet tunnels of a node in the rankings would wait ten minutes: only being out counts here.

@@ -7,6 +7,7 @@ import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { createServer, type Server, type Socket } from 'node:net';
 import { after, describe, it } from 'node:test';
+import { performance } from 'node:perf_hooks';
 import { WsUpstream, type WsUpstreamHandler } from '../src/forward/ws-upstream.js';
 
 const GUID = '258EAFA5-E914-47DA-95CA-C5AB0DC85B11';
@@ -294,6 +295,20 @@ describe('the tunnels\' WebSocket client: handshake', () => {
     const refused = client(`ws://127.0.0.1:${port}`);
     await refused.events.until(() => refused.events.failed !== null);
     assert.match(refused.events.failed!, /ECONNREFUSED/);
+  });
+
+  it('does not call a node unreachable when the thread was stalled past the connect timeout and the connection came meanwhile', async () => {
+    const origin = await node((socket, accept) => socket.write(ok(accept)));
+    const c = client(origin, { timeoutMs: 100 });
+    // The thread busy past the connect timeout (a long pause, a blocking call): the connection is
+    // made meanwhile, and read in the same loop turn the overdue timer fires in.
+    const until = performance.now() + 250;
+    while (performance.now() < until);
+    await c.events.until(() => c.events.opened !== null || c.events.failed !== null);
+    // The whole handshake's 100 ms have passed too, so its answer may come too late: that is
+    // this attempt's failure, not the node's being unreachable (which would hold it out of every
+    // ranking).
+    assert.notEqual(c.events.failed, 'LF_ERR_UPSTREAM_CONNECT_TIMEOUT', 'the connection was made');
   });
 });
 

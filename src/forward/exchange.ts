@@ -129,15 +129,24 @@ export function isBackOff(status: number, headers: unknown): boolean {
 /** Longest wait a Retry-After is taken for (a day): a node's larger figure is cut to it. */
 const MAX_RETRY_AFTER_S = 86_400;
 
+/** RFC 9110 5.6.7's HTTP-date forms: IMF-fixdate, the obsolete RFC 850 form, and asctime (in GMT, unsaid). */
+const IMF_FIXDATE = /^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d{2} (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} \d{2}:\d{2}:\d{2} GMT$/;
+const RFC850_DATE = /^(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), \d{2}-(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)-\d{2} \d{2}:\d{2}:\d{2} GMT$/;
+const ASCTIME_DATE = /^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d{2}:\d{2}:\d{2} \d{4}$/;
+
 /**
- * Seconds a `Retry-After` value asks for (RFC 9110 10.2.3: delay-seconds, or an HTTP-date, counted
- * from `nowMs`), at most a day; -1 when it is neither.
+ * Seconds a `Retry-After` value asks for (RFC 9110 10.2.3: delay-seconds, or an HTTP-date in one
+ * of its three forms, counted from `nowMs`), at most a day; -1 when it is neither (Date.parse
+ * alone takes far more, and reads an asctime date in the local zone).
  */
 export function retryAfterSeconds(value: string, nowMs: number): number {
   const text = value.trim();
   if (/^\d+$/.test(text)) return Math.min(Number(text), MAX_RETRY_AFTER_S);
-  const at = Date.parse(text);
-  if (Number.isNaN(at) || !/^[A-Za-z]{3}/.test(text)) return -1;
+  let at: number;
+  if (IMF_FIXDATE.test(text) || RFC850_DATE.test(text)) at = Date.parse(text);
+  else if (ASCTIME_DATE.test(text)) at = Date.parse(`${text} GMT`);
+  else return -1;
+  if (Number.isNaN(at)) return -1;
   return Math.min(Math.max(0, Math.ceil((at - nowMs) / 1000)), MAX_RETRY_AFTER_S);
 }
 

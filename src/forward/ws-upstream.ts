@@ -208,11 +208,18 @@ export class WsUpstream {
     // answer gets what is left of the handshake timeout.
     const startedAt = performance.now();
     const connectMs = Math.min(options.handshakeTimeoutMs, MAX_CONNECT_MS);
+    let connected = false;
     this.timer = setTimeout(() => {
       this.timer = null;
-      this.fail(CONNECT_TIMEOUT_CODE);
+      // Judged after the loop's next poll: a worker that was stalled past the timeout must read
+      // a connection made meanwhile before calling the node unreachable (which holds it out of
+      // every ranking), as the h1 client's sweep does.
+      setImmediate(() => {
+        if (!connected) this.fail(CONNECT_TIMEOUT_CODE);
+      });
     }, connectMs);
     this.socket.once(secure ? 'secureConnect' : 'connect', () => {
+      connected = true;
       if (this.state !== CONNECTING) return;
       this.clearTimer();
       this.timer = setTimeout(() => {

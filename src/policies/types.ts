@@ -128,6 +128,23 @@ export function inTurn(candidates: Int32Array, count: number, turn: number): voi
 }
 
 /**
+ * Moves `node` (if among candidates[0 .. count)) to the end of them; returns how many others come
+ * before it (`count` when it is not there). A ticket's own node is set aside so that its client's
+ * turn is taken over the siblings alone: the same sibling whether the node is still in the
+ * rankings (failing) or out of them.
+ */
+export function setAside(candidates: Int32Array, count: number, node: number): number {
+  if (node < 0) return count;
+  for (let i = 0; i < count; i++) {
+    if (candidates[i] !== node) continue;
+    candidates.copyWithin(i, i + 1, count);
+    candidates[count - 1] = node;
+    return count - 1;
+  }
+  return count;
+}
+
+/**
  * A turn of a client's own on a rotating route, from its affinity ticket (FNV-1a of the ticket
  * as sent): where its node cannot take it, every request and socket carrying the same ticket is
  * placed on the same sibling (seed 004: both legs of a client on one follower), while the clients

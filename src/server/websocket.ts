@@ -33,7 +33,7 @@ import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { connectionNamed } from '../forward/fields.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
-import { inTurn, pinFirst, preferRegion, regionTurn, ticketTurn, type Policy } from '../policies/types.js';
+import { inTurn, pinFirst, preferRegion, regionTurn, setAside, ticketTurn, type Policy } from '../policies/types.js';
 import { TICKET_PROTOCOL_PREFIX, type TicketBook } from '../affinity/tickets.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
 import type { OperationClassifier } from './operations.js';
@@ -293,9 +293,14 @@ export class WebSocketTunnels {
         if (route.policy.rotating === true) turn = ticketTurn(ticket);
       }
     }
-    if (turn >= 0) inTurn(ranking, count, turn);
+    // Over the siblings, its own node set aside (pinned first below), as for its requests.
+    let ordered = count;
+    if (turn >= 0) {
+      ordered = setAside(ranking, count, pin);
+      inTurn(ranking, ordered, turn);
+    }
     const regionIndex = runtime.regionIndex(region);
-    if (regionIndex >= 0) preferRegion(ranking, count, runtime.regionOf, regionIndex, turn >= 0 ? turn : regionTurn(route.policy, route.turns, regionIndex));
+    if (regionIndex >= 0) preferRegion(ranking, ordered, runtime.regionOf, regionIndex, turn >= 0 ? turn : regionTurn(route.policy, route.turns, regionIndex));
     if (pin >= 0) pinFirst(ranking, count, pin, runtime.view.weights[pin]! > 0);
     host.slot.bump(C_REQUESTS);
     if (offered !== '') headers['sec-websocket-protocol'] = offered;
@@ -410,7 +415,9 @@ export class WebSocketTunnels {
     if (this.sweeper === null && this.host.wsPingMs > 0) {
       // A tenth of the wait, within 50 ms - 1 s: a quiet node is pinged, and given up on, close to its time.
       const every = Math.min(1_000, Math.max(50, Math.floor(Math.min(this.host.wsPingMs, OUT_PING_AFTER_MS) / 10)));
-      this.sweeper = setInterval(() => this.sweep(), every).unref();
+      // Judged after the loop's next poll (setImmediate), so that a pong already in a socket is
+      // read first: a worker that was stalled must not give up on nodes that did answer.
+      this.sweeper = setInterval(() => setImmediate(this.sweep), every).unref();
     }
     upstream.setHandler({
       onOpen: () => {},
@@ -519,14 +526,16 @@ export class WebSocketTunnels {
    * ejected) 2 s and then 5 s, so that a hung node's clients move within seconds of its probe
    * failing, while a node merely marked out keeps the tunnels it still serves.
    */
-  private sweep(): void {
+  private readonly sweep = (): void => {
     const now = performance.now();
     this.host.refresh();
     const quietMs = this.host.wsPingMs;
     for (const tunnel of this.open) {
       const upstream = tunnel.upstream;
       if (upstream.state !== OPEN || tunnel.upstreamClosed) continue;
-      if (upstream.reads !== tunnel.seenReads) {
+      // Not read while the client is behind (backpressure): its pong would wait unread too. The
+      // quiet is ours, not the node's.
+      if (upstream.isPaused || upstream.reads !== tunnel.seenReads) {
         tunnel.seenReads = upstream.reads;
         tunnel.quietSince = now;
         tunnel.pingAt = -1;
@@ -535,8 +544,8 @@ export class WebSocketTunnels {
       const out = tunnel.runtime.view.weights[tunnel.node] === 0;
       if (tunnel.pingAt >= 0) {
         if (now - tunnel.pingAt >= (out ? OUT_PONG_WAIT_MS : quietMs)) {
-          const waited = Math.round((now - tunnel.pingAt) / 1000);
-          upstream.abandon(1011, `the node did not answer a ping within ${waited} s`);
+          const waited = now - tunnel.pingAt;
+          upstream.abandon(1011, `the node did not answer a ping within ${waited < 1_000 ? `${Math.round(waited)} ms` : `${Math.round(waited / 1000)} s`}`);
         }
         continue;
       }
@@ -545,5 +554,5 @@ export class WebSocketTunnels {
         upstream.ping();
       }
     }
-  }
+  };
 }
