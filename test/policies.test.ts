@@ -9,7 +9,7 @@ import { HybridPolicy } from '../src/policies/hybrid.js';
 import { RoundRobinPolicy } from '../src/policies/round-robin.js';
 import type { ClusterView, Policy } from '../src/policies/types.js';
 import { DEFAULT_POLICY_SETTINGS } from '../src/server/supervisor.js';
-import { OP_READ, OP_WRITE } from '../src/server/protocol.js';
+import { OP_READ, OP_UNSUPPORTED, OP_WRITE } from '../src/server/protocol.js';
 import { hasDotSegment } from '../src/contract.js';
 import { OperationClassifier } from '../src/server/operations.js';
 import { ETCD_OPERATIONS } from '../src/config/presets.js';
@@ -249,6 +249,16 @@ describe('etcd operation classes', () => {
     ['/v3/kv/rangex', OP_WRITE],
   ];
   for (const [path, op] of cases) it(`${path} is a ${op === OP_READ ? 'read' : 'write'}`, () => assert.equal(c.classify(path), op));
+
+  it('classifies a path as the node reads it: percent-encoded letters and digits decoded, other escapes kept', () => {
+    // etcd's router decodes them: /v3/%77atch is a watch stream there, held to the request timeout.
+    assert.equal(c.classify('/v3/%77atch'), OP_UNSUPPORTED);
+    assert.equal(c.classify('/v3/watc%68'), OP_UNSUPPORTED);
+    assert.equal(c.classify('/v3/kv/%72%61nge'), OP_READ);
+    assert.equal(c.classify('/v3/kv/r%61ng%65'), OP_READ);
+    assert.equal(c.classify('/v3/kv/range%2Fx'), OP_WRITE, 'an escaped slash is not decoded (nor is any reserved character)');
+    assert.equal(c.classify('/v3/kv/%2'), OP_WRITE);
+  });
 
   it('lets a narrower prefix win over a broader one', () => {
     const k = new OperationClassifier({ reads: ['/a/b/*'], writes: ['/a/*'], otherwise: 'read' });

@@ -77,10 +77,11 @@ export class EtcdLeaderProbe extends EventEmitter {
       // pinned to it would wait out their timeouts. A lone member past it (cut off itself, and
       // campaigning term after term without pre-vote, as etcd 3.4 does) does not count.
       let best: StatusAnswer | null = null;
-      const answered = new Set<string>();
+      /** Each member that answered: whether it named itself the leader. */
+      const answered = new Map<string, boolean>();
       for (const answer of answers) {
         if (answer === null) continue;
-        answered.add(answer.id);
+        answered.set(answer.id, answer.leader === answer.memberId);
         this.byMemberId.set(answer.memberId, answer.id);
         if (answer.leader !== '0' && (best === null || answer.term > best.term)) best = answer;
       }
@@ -89,8 +90,12 @@ export class EtcdLeaderProbe extends EventEmitter {
         for (const answer of answers) if (answer !== null && answer.leader === '0' && answer.term > best.term) electing++;
         if (electing * 2 > this.members.length) best = null;
       }
+      // And only a leader that says so itself: the others' word may be stale (etcd 3.4's status
+      // gives the term of the last applied entry, not the current one, so a member that lost its
+      // leadership, or never had it, can be named at the newest term a round after an election
+      // began, while that member answers that it knows no leader).
       const leaderId = best !== null ? this.byMemberId.get(best.leader) : undefined;
-      this.set(leaderId !== undefined && answered.has(leaderId) ? leaderId : null);
+      this.set(leaderId !== undefined && answered.get(leaderId) === true ? leaderId : null);
     });
     return this.probing;
   }

@@ -18,11 +18,26 @@ export class OperationClassifier {
     this.prefixes.sort((a, b) => b[0].length - a[0].length);
   }
 
-  /** OP_READ, OP_WRITE or OP_UNSUPPORTED for a request path (without its query string). */
+  /**
+   * OP_READ, OP_WRITE or OP_UNSUPPORTED for a request path (without its query string), as the
+   * node will read it: percent-encoded unreserved characters decoded first (RFC 3986 6.2.2.2:
+   * `/v3/%77atch` is `/v3/watch`, and etcd's router serves it as one). The node still gets the
+   * path as sent.
+   */
   classify(path: string): number {
+    if (path.includes('%')) path = decodeUnreserved(path);
     const hit = this.exact.get(path);
     if (hit !== undefined) return hit;
     for (const [prefix, op] of this.prefixes) if (path.startsWith(prefix)) return op;
     return this.otherwise;
   }
+}
+
+/** `%XX` of a letter, a digit, `-`, `.`, `_` or `~` decoded; every other escape left as it is. */
+function decodeUnreserved(path: string): string {
+  return path.replace(/%([0-9A-Fa-f]{2})/g, (escape: string, hex: string) => {
+    const c = parseInt(hex, 16);
+    const unreserved = (c >= 0x41 && c <= 0x5a) || (c >= 0x61 && c <= 0x7a) || (c >= 0x30 && c <= 0x39) || c === 0x2d || c === 0x2e || c === 0x5f || c === 0x7e;
+    return unreserved ? String.fromCharCode(c) : escape;
+  });
 }
