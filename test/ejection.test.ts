@@ -320,6 +320,8 @@ describe('ejection and a leader-pinned route (etcd)', () => {
   const servers: Server[] = [];
   /** The member whose writes stall (a stalled leader stalls the writes followers forward too). */
   let stalled: string | null = null;
+  /** The member that answers its status knowing no leader (cut off from its peers). */
+  let cutOff: string | null = null;
   const puts = new Map<string, number>();
   let etcd = '';
   let door: FrontDoor | null = null;
@@ -329,7 +331,7 @@ describe('ejection and a leader-pinned route (etcd)', () => {
         req.resume();
         req.on('end', () => {
           if (req.url === '/version') return void res.end('{"etcdserver":"3.5.0"}');
-          if (req.url === '/v3/maintenance/status') return void res.end(JSON.stringify({ header: { member_id: String(101 + i) }, leader: '101', raftTerm: '5' }));
+          if (req.url === '/v3/maintenance/status') return void res.end(JSON.stringify({ header: { member_id: String(101 + i) }, leader: cutOff === id ? '0' : '101', raftTerm: '5' }));
           if (req.url === '/v3/kv/put') {
             puts.set(id, (puts.get(id) ?? 0) + 1);
             if (stalled === id) return; // its writes stall (a slow disk at the leader, say)
@@ -347,6 +349,7 @@ describe('ejection and a leader-pinned route (etcd)', () => {
     await door?.stop();
     door = null;
     stalled = null;
+    cutOff = null;
   });
   after(async () => {
     for (const s of servers) {
@@ -378,6 +381,24 @@ describe('ejection and a leader-pinned route (etcd)', () => {
     const reply = await put(front);
     assert.equal(reply.status, 200);
     assert.equal(reply.headers['x-lakefront-served-by'], 'ejl-1');
+  });
+
+  it('holds a member out of the rankings while it knows no leader and the others do (cut off from its peers), and lets it back once it names one', async () => {
+    const front = await start('hybrid');
+    while ((await stats(front)).leaders.etcd !== 'ejl-1') await once(front.leaderProbes[0]!, 'change');
+    const healthy = async () => (await call(`${front.url}/health`)).json<{ healthy: string[] }>().healthy;
+    assert.ok((await healthy()).includes('ejl-3'));
+    cutOff = 'ejl-3';
+    // Its /version still answers: only its status says it is cut off.
+    while ((await healthy()).includes('ejl-3')) await once(front.leaderProbes[0]!, 'leaderless');
+    for (let i = 0; i < 12; i++) {
+      const read = await call(`${front.url}/v3/kv/range`, { method: 'POST', body: '{"key":"Zm9v"}' });
+      assert.equal(read.status, 200);
+      assert.notEqual(read.headers['x-lakefront-served-by'], 'ejl-3', 'no read to a member that may be stale');
+    }
+    assert.equal((await stats(front)).leaders.etcd, 'ejl-1', 'the leader stays published');
+    cutOff = null;
+    while (!(await healthy()).includes('ejl-3')) await once(front.memberships[0]!, 'change');
   });
 
   it('nor do writes that time out at a follower (round_robin): a follower waits on the leader for every write', async () => {

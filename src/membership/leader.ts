@@ -96,6 +96,15 @@ export class EtcdLeaderProbe extends EventEmitter {
       // began, while that member answers that it knows no leader).
       const leaderId = best !== null ? this.byMemberId.get(best.leader) : undefined;
       this.set(leaderId !== undefined && answered.get(leaderId) === true ? leaderId : null);
+      // While a leader is published, a member that answers that it knows none is cut off from
+      // its peers (a partition, or just restarted and not caught up): its serializable reads may
+      // be stale and its linearizable ones wait out their timeout. Said each round, so that it
+      // stays out of the rankings while it lasts (see the supervisor).
+      if (this.current !== null) {
+        const cutOff: string[] = [];
+        for (const answer of answers) if (answer !== null && answer.leader === '0') cutOff.push(answer.id);
+        if (cutOff.length > 0) this.emit('leaderless', cutOff);
+      }
     });
     return this.probing;
   }
