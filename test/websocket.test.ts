@@ -448,10 +448,21 @@ describe('WebSocket tunnels: failover and shutdown', () => {
 });
 
 describe('WebSocket tunnels: a node that stops answering', () => {
-  it('is pinged when quiet, and its tunnel closed (1011) when the ping goes unanswered; a node that answers keeps its tunnel', async () => {
-    const nodes = await Promise.all(['ws-h', 'ws-l'].map((id) => new WsNode(id).start()));
-    const door = await frontOver(nodes, ['--ws-ping-ms', '200']);
+  /** Nodes `ids` and a front door over them with `flags`, for `body`; all stopped after. */
+  async function over(ids: string[], flags: string[], body: (nodes: WsNode[], door: FrontDoor) => Promise<void>): Promise<void> {
+    const nodes = await Promise.all(ids.map((id) => new WsNode(id).start()));
+    let door: FrontDoor | null = null;
     try {
+      door = await frontOver(nodes, flags);
+      await body(nodes, door);
+    } finally {
+      await door?.stop().catch(() => undefined);
+      await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
+    }
+  }
+
+  it('is pinged when quiet, and its tunnel closed (1011) when the ping goes unanswered; a node that answers keeps its tunnel', () =>
+    over(['ws-h', 'ws-l'], ['--ws-ping-ms', '200'], async (nodes, door) => {
       const [hung] = await ranking(door.url, 'ws-board-h');
       const live = nodes.find((n) => n.id !== hung)!;
       let liveBoard = '';
@@ -472,16 +483,10 @@ describe('WebSocket tunnels: a node that stops answering', () => {
       assert.equal((await nextMessage(kept)).data.toString(), `${live.id}:still`);
       kept.close();
       await closed(kept);
-    } finally {
-      await door.stop().catch(() => undefined);
-      await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
-    }
-  });
+    }));
 
-  it('does not give up on a node it stopped reading itself, for a client that is behind', async () => {
-    const nodes = await Promise.all(['ws-p1', 'ws-p2'].map((id) => new WsNode(id).start()));
-    const door = await frontOver(nodes, ['--ws-ping-ms', '100']);
-    try {
+  it('does not give up on a node it stopped reading itself, for a client that is behind', () =>
+    over(['ws-p1', 'ws-p2'], ['--ws-ping-ms', '100'], async (nodes, door) => {
       const [home] = await ranking(door.url, 'ws-board-p');
       const ws = connect(door.url, 'ws-board-p');
       await opened(ws);
@@ -506,17 +511,11 @@ describe('WebSocket tunnels: a node that stops answering', () => {
       assert.equal(last.toString(), `${home}:still`, 'the tunnel is open, nothing lost');
       ws.close();
       await closed(ws);
-    } finally {
-      await door.stop().catch(() => undefined);
-      await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
-    }
-  });
+    }));
 
-  it('closes the tunnels of a node out of the rankings within seconds when it answers no ping, and the client is placed anew', async () => {
-    const nodes = await Promise.all(['ws-s', 'ws-t'].map((id) => new WsNode(id).start()));
+  it('closes the tunnels of a node out of the rankings within seconds when it answers no ping, and the client is placed anew', () =>
     // Quiet tunnels of a node in the rankings would wait ten minutes: only being out counts here.
-    const door = await frontOver(nodes, ['--ws-ping-ms', '600000', '--health-interval-ms', '100', '--health-timeout-ms', '100']);
-    try {
+    over(['ws-s', 'ws-t'], ['--ws-ping-ms', '600000', '--health-interval-ms', '100', '--health-timeout-ms', '100'], async (nodes, door) => {
       const [first, second] = await ranking(door.url, 'ws-board-s');
       const hung = nodes.find((n) => n.id === first)!;
       const ws = connect(door.url, 'ws-board-s');
@@ -533,11 +532,7 @@ describe('WebSocket tunnels: a node that stops answering', () => {
       assert.equal((await nextMessage(again)).data.toString(), `${second}:moved`);
       again.close();
       await closed(again);
-    } finally {
-      await door.stop().catch(() => undefined);
-      await Promise.all(nodes.map((n) => n.stop().catch(() => undefined)));
-    }
-  });
+    }));
 });
 
 describe('WebSocket tunnels with affinity tickets', () => {
