@@ -313,6 +313,13 @@ describe('affinity through the front door', () => {
     // Sixteen clients placed on it, a second apart (tickets issued in the same second for the same
     // node are the same ticket: those clients cannot be told apart, and move together).
     const tickets = Array.from({ length: 16 }, (_, i) => new TicketBook(settings(), () => Date.now() - i * 1000).mint(down.id));
+    // Every node in the rankings first (the test before may have left one on its way back): the
+    // siblings must be the same two in both halves.
+    for (;;) {
+      const { healthy } = (await call(`${door.url}/health`)).json<{ healthy: string[] }>();
+      if (healthy.length === nodes.length) break;
+      await once(nodes.find((n) => !healthy.includes(n.id))!, 'probe');
+    }
     /** Where each client's requests land: one sibling a client (its HTTP leg and its socket alike), not the rotation's next. */
     const siblings = async (): Promise<string[]> => {
       const landed: string[] = [];
