@@ -36,9 +36,12 @@ export const MIN_KEY_LENGTH = 32;
 /** A WebSocket client offers its ticket as a subprotocol: this prefix, then the ticket. */
 export const TICKET_PROTOCOL_PREFIX = 'lakefront-affinity.';
 
-/** A ticket that checks out: its node, region and when it expires (ms since the epoch); or why not. */
+/**
+ * A ticket that checks out: its node, region, when it expires (ms since the epoch) and its
+ * client's turn (`ticketTurn`); or why not.
+ */
 export type TicketCheck =
-  | { readonly node: string; readonly region: string | null; readonly expiresAt: number }
+  | { readonly node: string; readonly region: string | null; readonly expiresAt: number; readonly turn: number }
   | { readonly refused: 'malformed' | 'forged' | 'expired' | 'app' | 'generation' };
 
 /** Longest region name (as node regions in the configuration). */
@@ -67,7 +70,7 @@ function sign(key: string, text: string): Buffer {
 
 export class TicketBook {
   /** Verified tickets: the node each names, its region and when it expires (ms). */
-  private readonly verified = new Map<string, { node: string; region: string | null; expiresAt: number }>();
+  private readonly verified = new Map<string, { node: string; region: string | null; expiresAt: number; turn: number }>();
 
   constructor(
     private readonly settings: AffinitySettings,
@@ -118,9 +121,25 @@ export class TicketBook {
     if (payload.g !== this.settings.generation) return { refused: 'generation' };
     const expiresAt = payload.exp * 1000;
     if (this.now() >= expiresAt) return { refused: 'expired' };
-    const valid = { node: payload.n, region: (payload.r as string | undefined) ?? null, expiresAt };
+    const valid = { node: payload.n, region: (payload.r as string | undefined) ?? null, expiresAt, turn: ticketTurn(ticket) };
     if (this.verified.size >= CACHE_LIMIT) this.verified.clear();
     this.verified.set(ticket, valid);
     return valid;
   }
+}
+
+/**
+ * A turn of a client's own on a rotating route, from its ticket (FNV-1a of the ticket as sent),
+ * worked out once a ticket (the check caches it): where its node cannot take it, every request
+ * and socket carrying the same ticket is placed on the same sibling (seed 004: both legs of a
+ * client on one follower), while the clients of a node that failed spread over its siblings as
+ * their tickets differ (see policies/types.ts placeClient).
+ */
+export function ticketTurn(ticket: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < ticket.length; i++) {
+    h ^= ticket.charCodeAt(i);
+    h = Math.imul(h, 0x01000193);
+  }
+  return (h >>> 0) & 0x3fffffff;
 }

@@ -112,7 +112,7 @@ export function preferRegion(candidates: Int32Array, count: number, regionOf: In
  * Puts candidates[0 .. count) in a fixed order (by node index), then rotated by `turn`: the same
  * turn gives the same order whatever order they came in.
  */
-export function inTurn(candidates: Int32Array, count: number, turn: number): void {
+function inTurn(candidates: Int32Array, count: number, turn: number): void {
   if (count < 2) return;
   for (let i = 1; i < count; i++) {
     const node = candidates[i]!;
@@ -133,7 +133,7 @@ export function inTurn(candidates: Int32Array, count: number, turn: number): voi
  * turn is taken over the siblings alone: the same sibling whether the node is still in the
  * rankings (failing) or out of them.
  */
-export function setAside(candidates: Int32Array, count: number, node: number): number {
+function setAside(candidates: Int32Array, count: number, node: number): number {
   if (node < 0) return count;
   for (let i = 0; i < count; i++) {
     if (candidates[i] !== node) continue;
@@ -145,18 +145,20 @@ export function setAside(candidates: Int32Array, count: number, node: number): n
 }
 
 /**
- * A turn of a client's own on a rotating route, from its affinity ticket (FNV-1a of the ticket
- * as sent): where its node cannot take it, every request and socket carrying the same ticket is
- * placed on the same sibling (seed 004: both legs of a client on one follower), while the clients
- * of a node that failed spread over its siblings as their tickets differ.
+ * Orders a client's candidates[0 .. count) for placement by affinity ticket. With its own turn
+ * (`turn` >= 0, a rotating route's ticket holder: ticketTurn), the siblings go in that turn, its
+ * own node (`own`) set aside at the end, so that the turn names the same sibling whether that
+ * node is failing or already out of the rankings (the caller pins it first if it can take the
+ * request). Then the client's region (`region` >= 0, an index of `regionOf`) goes first, in its
+ * turn, or in the route's (`regionTurn`) when it has none.
  */
-export function ticketTurn(ticket: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < ticket.length; i++) {
-    h ^= ticket.charCodeAt(i);
-    h = Math.imul(h, 0x01000193);
+export function placeClient(candidates: Int32Array, count: number, own: number, turn: number, regionOf: Int32Array, region: number, policy: Policy, turns: Int32Array): void {
+  let ordered = count;
+  if (turn >= 0) {
+    ordered = setAside(candidates, count, own);
+    inTurn(candidates, ordered, turn);
   }
-  return (h >>> 0) & 0x3fffffff;
+  if (region >= 0) preferRegion(candidates, ordered, regionOf, region, turn >= 0 ? turn : regionTurn(policy, turns, region));
 }
 
 /**

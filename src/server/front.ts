@@ -26,7 +26,7 @@ import { UpstreamRequest } from '../forward/upstream.js';
 import { FLAG_HEALTHY, TableReader, type NodeRow } from '../membership/table.js';
 import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
 import { NodeHistograms } from '../metrics/histograms.js';
-import { inTurn, pinFirst, preferRegion, regionTurn, setAside, ticketTurn, type Policy } from '../policies/types.js';
+import { pinFirst, placeClient, type Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type NodeSpec, type RouteSpec, type SavedHint, type WorkerInit } from './protocol.js';
@@ -240,20 +240,11 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates), exchange.candidates.length);
     // A ticket's client on a rotating route takes its own turn, not the route's: where its node
     // cannot take the request (gone, or failing now), it goes to the same sibling as its other
-    // requests and its sockets (seed 004), not to whichever is next in the rotation.
-    // The turn is taken over the siblings (its own node set aside, pinned first below), so that
-    // it names the same sibling whether the node is failing or already out of the rankings.
+    // requests and its sockets (seed 004), not to whichever is next in the rotation. Placed by
+    // ticket, a client goes to its region first (a leader's writes stay with the leader).
     const turn = this.placeTurn;
-    let ordered = exchange.count;
-    if (turn >= 0) {
-      ordered = setAside(exchange.candidates, exchange.count, this.pinned);
-      inTurn(exchange.candidates, ordered, turn);
-    }
-    // Placed by ticket, a client goes to its region first (a leader's writes stay with the leader).
-    if (this.region !== null && !(this.op !== OP_READ && this.route.policy.leaderWrites === true)) {
-      const region = runtime.regionIndex(this.region);
-      if (region >= 0) preferRegion(exchange.candidates, ordered, runtime.regionOf, region, turn >= 0 ? turn : regionTurn(this.route.policy, this.route.turns, region));
-    }
+    const region = this.region !== null && !(this.op !== OP_READ && this.route.policy.leaderWrites === true) ? runtime.regionIndex(this.region) : -1;
+    if (turn >= 0 || region >= 0) placeClient(exchange.candidates, exchange.count, this.pinned, turn, runtime.regionOf, region, this.route.policy, this.route.turns);
     // A client with a ticket is not hedged, on its node or placed anew on a sibling (its own turn,
     // above): its session belongs on one node, and a hedge would answer it from another (with a
     // ticket for that one) while its other requests and sockets go to the first. A failure still
@@ -1062,7 +1053,7 @@ export class WorkerFront implements TunnelHost {
           pinned = route.runtime.indexOf(checked.node);
           renew = tickets.wearing(checked.expiresAt);
           region = checked.region ?? region;
-          if (route.policy.rotating === true) turn = ticketTurn(scan.ticket);
+          if (route.policy.rotating === true) turn = checked.turn;
         }
       }
     }

@@ -33,7 +33,7 @@ import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { connectionNamed } from '../forward/fields.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
-import { inTurn, pinFirst, preferRegion, regionTurn, setAside, ticketTurn, type Policy } from '../policies/types.js';
+import { pinFirst, placeClient, type Policy } from '../policies/types.js';
 import { TICKET_PROTOCOL_PREFIX, type TicketBook } from '../affinity/tickets.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
 import type { OperationClassifier } from './operations.js';
@@ -290,17 +290,11 @@ export class WebSocketTunnels {
       if ('node' in checked) {
         pin = runtime.indexOf(checked.node);
         region = checked.region ?? region;
-        if (route.policy.rotating === true) turn = ticketTurn(ticket);
+        if (route.policy.rotating === true) turn = checked.turn;
       }
     }
-    // Over the siblings, its own node set aside (pinned first below), as for its requests.
-    let ordered = count;
-    if (turn >= 0) {
-      ordered = setAside(ranking, count, pin);
-      inTurn(ranking, ordered, turn);
-    }
     const regionIndex = runtime.regionIndex(region);
-    if (regionIndex >= 0) preferRegion(ranking, ordered, runtime.regionOf, regionIndex, turn >= 0 ? turn : regionTurn(route.policy, route.turns, regionIndex));
+    if (turn >= 0 || regionIndex >= 0) placeClient(ranking, count, pin, turn, runtime.regionOf, regionIndex, route.policy, route.turns);
     if (pin >= 0) pinFirst(ranking, count, pin, runtime.view.weights[pin]! > 0);
     host.slot.bump(C_REQUESTS);
     if (offered !== '') headers['sec-websocket-protocol'] = offered;
