@@ -41,6 +41,14 @@ export const H1Codes = {
   POOL_CLOSED: 'LF_ERR_POOL_CLOSED',
 } as const;
 
+/**
+ * How long a connection to a node may take to be made: the request timeout, at most 5 s (the h1
+ * client's, undici's and the WebSocket tunnels' alike; one not made in time holds the node out).
+ */
+export function connectTimeoutFor(requestTimeoutMs: number): number {
+  return Math.min(requestTimeoutMs, 5_000);
+}
+
 export class H1Error extends Error {
   readonly code: string;
   /** True when the request provably never reached the node (queued, or never connected). */
@@ -658,7 +666,7 @@ export class H1Pool {
     this.hostHeader = parsed.host;
     this.maxConnections = Math.max(1, options.connections);
     this.requestTimeoutMs = options.requestTimeoutMs;
-    this.connectTimeoutMs = options.connectTimeoutMs ?? Math.min(options.requestTimeoutMs, 5_000);
+    this.connectTimeoutMs = options.connectTimeoutMs ?? connectTimeoutFor(options.requestTimeoutMs);
     this.keepAliveTimeoutMs = options.keepAliveTimeoutMs ?? DEFAULT_KEEP_ALIVE_MS;
     this.maxResponseBytes = options.maxResponseBytes ?? DEFAULT_MAX_RESPONSE_BYTES;
   }

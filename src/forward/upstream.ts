@@ -21,7 +21,7 @@ import { errors as undiciErrors, Pool } from 'undici';
 import type { Dispatcher } from 'undici';
 import { isGatewayFailure, type AttemptHandle } from './exchange.js';
 import { HeaderFields, isChunkedOnly } from './fields.js';
-import { H1Codes, H1Error, headBlock, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
+import { H1Codes, H1Error, connectTimeoutFor, headBlock, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
 
 export type UpstreamClientKind = 'h1' | 'undici';
 
@@ -406,7 +406,7 @@ class UndiciTransport implements NodeTransport {
       keepAliveMaxTimeout: 60_000,
       headersTimeout: options.requestTimeoutMs,
       bodyTimeout: options.requestTimeoutMs,
-      connect: { timeout: Math.min(options.requestTimeoutMs, 5_000) },
+      connect: { timeout: connectTimeoutFor(options.requestTimeoutMs) },
       ...(options.maxResponseBytes !== undefined ? { maxResponseSize: options.maxResponseBytes } : {}),
     });
   }

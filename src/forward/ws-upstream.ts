@@ -29,6 +29,7 @@ import { createHash, randomBytes, randomFillSync } from 'node:crypto';
 import { connect, isIP, type Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { createRequire } from 'node:module';
+import { H1Codes, connectTimeoutFor } from './h1.js';
 import { PrefixViews } from './prefix-views.js';
 
 export interface WsUpstreamHandler {
@@ -90,10 +91,6 @@ const CLOSED = 3;
 /** A partial-frame buffer larger than this is let go once emptied (it grew for a large message). */
 const KEPT_REST_BYTES = 64 * 1024;
 const DEFAULT_CLOSE_WAIT_MS = 5_000;
-/** A connection not made within min(handshake timeout, this) fails, as the h1 client's does. */
-const MAX_CONNECT_MS = 5_000;
-/** The h1 client's code for it (h1.ts H1Codes.CONNECT_TIMEOUT): the node is then held unreachable. */
-const CONNECT_TIMEOUT_CODE = 'LF_ERR_UPSTREAM_CONNECT_TIMEOUT';
 const MAX_HEAD_BYTES = 16 * 1024;
 /** A header line as RFC 9110 5.1 and 5.5 have it: tchar name, colon, tab/SP/VCHAR/obs-text value (latin1 text). */
 const HEADER_LINE = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*$/;
@@ -207,7 +204,7 @@ export class WsUpstream {
     // node not reachable in time is reported unreachable as for a request; then the handshake
     // answer gets what is left of the handshake timeout.
     const startedAt = performance.now();
-    const connectMs = Math.min(options.handshakeTimeoutMs, MAX_CONNECT_MS);
+    const connectMs = connectTimeoutFor(options.handshakeTimeoutMs);
     let connected = false;
     this.timer = setTimeout(() => {
       this.timer = null;
@@ -215,7 +212,8 @@ export class WsUpstream {
       // a connection made meanwhile before calling the node unreachable (which holds it out of
       // every ranking), as the h1 client's sweep does.
       setImmediate(() => {
-        if (!connected) this.fail(CONNECT_TIMEOUT_CODE);
+        // The h1 client's code: the node is then held unreachable, as for a request.
+        if (!connected) this.fail(H1Codes.CONNECT_TIMEOUT);
       });
     }, connectMs);
     this.socket.once(secure ? 'secureConnect' : 'connect', () => {
