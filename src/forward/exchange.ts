@@ -150,6 +150,11 @@ export function retryAfterSeconds(value: string, nowMs: number): number {
   return Math.min(Math.max(0, Math.ceil((at - nowMs) / 1000)), MAX_RETRY_AFTER_S);
 }
 
+/** The sooner of a wait so far (`soonest` seconds, -1: none) and a node's `seconds` (-1: none). */
+export function soonerWait(soonest: number, seconds: number): number {
+  return seconds >= 0 && (soonest < 0 || seconds < soonest) ? seconds : soonest;
+}
+
 export interface ExchangeFailure {
   readonly code: string;
   readonly status: number;
@@ -295,13 +300,11 @@ export class Exchange implements HedgeWaiter {
     if (!this.finish(ordinal)) return;
     if (this.done) return;
     if (this.retryable && isGatewayFailure(status) && !(ordinal === 0 && this.ownNodeFirst && isBackOff(status, headers))) {
-      (this.reasons ??= [])[ordinal] = `answered ${status}`;
+      // A 503 with a Retry-After: the node sheds load, and says when to come back.
       const wait = status === 503 && headers instanceof HeaderFields ? headers.find('retry-after') : null;
-      if (wait !== null) {
-        const seconds = retryAfterSeconds(wait, Date.now());
-        if (seconds >= 0 && (this.retryAfter < 0 || seconds < this.retryAfter)) this.retryAfter = seconds;
-        (this.reasons ??= [])[ordinal] = seconds >= 0 ? `answered 503, retry after ${seconds} s` : `answered 503`;
-      }
+      const seconds = wait === null ? -1 : retryAfterSeconds(wait, Date.now());
+      this.retryAfter = soonerWait(this.retryAfter, seconds);
+      (this.reasons ??= [])[ordinal] = seconds >= 0 ? `answered 503, retry after ${seconds} s` : `answered ${status}`;
       this.next(false, ordinal);
       return;
     }

@@ -50,13 +50,14 @@ const LINGER_BYTES = 16 * 1024 * 1024;
 
 const JSON_TYPE = 'application/json';
 
-/**
- * Sends a small JSON answer; safe to call inside or outside the handler. `allow`: a 405's
- * methods. `head`: the answer to a HEAD request, which says the body's length and sends none.
- */
 /** A header line of the front door's own answer beside its content-type (`allow` for a 405, `retry-after`). */
 export type ExtraHeader = readonly [name: string, value: string];
 
+/**
+ * Sends a small JSON answer; safe to call inside or outside the handler. `extra`: one more header
+ * line (a 405's `allow`). `head`: the answer to a HEAD request, which says the body's length and
+ * sends none.
+ */
 function replyJson(res: HttpResponse, status: number, body: string, close = false, extra: ExtraHeader | null = null, head = false): void {
   res.cork(() => {
     res.writeStatus(statusBytes(status)).writeHeader('content-type', JSON_TYPE);

@@ -28,7 +28,7 @@ import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
-import { MAX_CANDIDATES, isGatewayFailure, retryAfterSeconds } from '../forward/exchange.js';
+import { MAX_CANDIDATES, isGatewayFailure, retryAfterSeconds, soonerWait } from '../forward/exchange.js';
 import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { connectionNamed } from '../forward/fields.js';
 import { ErrorCodes, errorBody } from '../errors.js';
@@ -36,6 +36,7 @@ import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } fr
 import { pinFirst, placeClient, type Policy } from '../policies/types.js';
 import { TICKET_PROTOCOL_PREFIX, type TicketBook } from '../affinity/tickets.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
+import type { ExtraHeader } from './front.js';
 import type { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, type NodeSpec, type RouteSpec } from './protocol.js';
 import { statusBytes } from './relay.js';
@@ -93,7 +94,7 @@ export interface TunnelHost {
   /** Re-reads the membership table if it changed. */
   refresh(): void;
   /** Answers a request itself (counted as rejected), with one more header line if given. */
-  refuse(res: HttpResponse, status: number, body: string, close: boolean, extra?: readonly [string, string] | null): void;
+  refuse(res: HttpResponse, status: number, body: string, close: boolean, extra?: ExtraHeader | null): void;
   /** Closes the connection of a request whose framing is in doubt, unanswered (framing.ts). */
   dropFraming(res: HttpResponse): void;
   /** The last open tunnel has closed (a drain waiting for them goes on). */
@@ -319,10 +320,7 @@ export class WebSocketTunnels {
     const passOverShedding = (status: number, fields: ReadonlyMap<string, string>): boolean => {
       if (!isGatewayFailure(status)) return false;
       const wait = status === 503 ? fields.get('retry-after') : undefined;
-      if (wait !== undefined) {
-        const seconds = retryAfterSeconds(wait, Date.now());
-        if (seconds >= 0 && (retryAfter < 0 || seconds < retryAfter)) retryAfter = seconds;
-      }
+      if (wait !== undefined) retryAfter = soonerWait(retryAfter, retryAfterSeconds(wait, Date.now()));
       return true;
     };
     const attempt = (ordinal: number): void => {
