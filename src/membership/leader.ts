@@ -34,7 +34,8 @@ interface StatusAnswer {
 export class EtcdLeaderProbe extends EventEmitter {
   private current: string | null = null;
   private readonly members: readonly MemberConfig[];
-  private readonly intervalMs: number;
+  /** How often every member is asked (its leader rounds). */
+  readonly intervalMs: number;
   private readonly timeoutMs: number;
   private readonly fetchImpl: typeof globalThis.fetch;
   /** etcd member id (decimal string) -> our node id, learned from each member's own answer. */

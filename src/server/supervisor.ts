@@ -21,7 +21,7 @@ import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, TableWriter, type NodeRow } fr
 import { C_HINTS_EXPIRED, C_HINTS_LOST, CounterSlot, addTotals, counterBytes, endedTotals, readTotals, totalsById, type TotalsById } from '../metrics/counters.js';
 import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
-import { DEFAULT_LEADER_INTERVAL_MS, EtcdLeaderProbe } from '../membership/leader.js';
+import { EtcdLeaderProbe } from '../membership/leader.js';
 import { quorumProblem, type QuorumSettings } from '../replication/quorum.js';
 import { HeldHints, type HeldRows } from '../replication/hints.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, SavedHint, WorkerInit, WorkerMessage } from './protocol.js';
@@ -256,7 +256,7 @@ export class FrontDoor extends EventEmitter {
       // every ranking for two probe rounds, again each round it says so: its reads would be stale
       // or hang (helper-50: ~10 s of reads to a partitioned follower). Back once it names the
       // leader again and a health probe passes.
-      const hold = 2 * (cluster.leaderIntervalMs ?? DEFAULT_LEADER_INTERVAL_MS);
+      const hold = 2 * probe.intervalMs;
       probe.on('leaderless', (ids: readonly string[]) => {
         for (const id of ids) this.memberships[i]!.markUnhealthy(id, hold);
       });
