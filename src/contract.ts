@@ -112,9 +112,8 @@ export const DEFAULT_WS_PING_MS = 30_000;
  * percent-encoded, with or without `;parameters`, which servlet containers strip) between
  * separators that a node might take for `/`: the slash itself, a percent-encoded one (`%2F`), and
  * a backslash, plain or encoded (`%5C`), which some servers read as a slash. A node that normalises the path would serve another one than the front door
- * classified (a write under a read prefix could be hedged: sent twice), so such paths are refused
- * where the path decides (operation rules, replicated keys, and WebSocket handshakes, whose
- * client library normalises them).
+ * classified (a write under a read prefix could be hedged: sent twice) or routed (`/public/../admin`
+ * under `/public/*`), so the front door refuses such paths on every route and WebSocket handshake.
  */
 export function hasDotSegment(path: string): boolean {
   // A dot segment needs a separator then a dot, or an encoded dot: most paths have neither.

@@ -1530,6 +1530,40 @@ describe('front door: start-up', () => {
     }
   });
 
+  it('refuses a path with a dot segment on a plain route: /public/../admin must not reach the node behind /public/*', async () => {
+    const nodes = await startNodes('pub-a');
+    const door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [{ pattern: '/public/*', cluster: 'default', policy: 'round_robin', keyHeader: null }, RPC_ROUTE],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({}),
+    });
+    try {
+      // Raw bytes: fetch and undici would resolve the segments before sending.
+      const paths = ['/public/../admin', '/public/./x', '/public/%2e%2e/admin', '/public/.%2E;v=1/admin', '/public/x%2F..%2F..%2Fadmin', '/public/..\\admin', '/public/x/..', '/rpc/board.append/../board.delete'];
+      for (const path of paths) {
+        const raw = await rawExchange(door.url, `GET ${path} HTTP/1.1\r\nhost: x\r\nx-lakefront-board: dots\r\n\r\n`, { done: (text) => text.endsWith('}') });
+        assert.match(raw, /^HTTP\/1\.1 400 /, path);
+        assert.match(raw, /dot segment/, path);
+        assert.match(raw, /LF_ERR_BAD_REQUEST/, path);
+      }
+      assert.equal(nodes[0]!.hits(), 0, 'no dotted path reached the node');
+      // Dots inside a segment are a name, not a dot segment.
+      for (const path of ['/public/a..b', '/public/.well-known/x', '/public/v1.2/...']) {
+        const raw = await rawExchange(door.url, `GET ${path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n`);
+        assert.match(raw, /^HTTP\/1\.1 200 /, path);
+      }
+      assert.equal(nodes[0]!.hits(), 3);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
   it('picks another free port when something takes the one it chose before the workers bind it', async () => {
     // The race: the port found free is taken between the check and the workers' bind.
     const close = Server.prototype.close;

@@ -980,6 +980,14 @@ export class WorkerFront implements TunnelHost {
         return;
       }
     }
+    // A dot segment (`/a/../b`, `%2e`, between `%2F`s...): a node that resolves it serves another
+    // path than the one routed here. On any route: `/public/../admin` matched `/public/*` would
+    // reach a path no route sends to that cluster; a replicated key would have two spellings;
+    // a write under a read prefix of the operation rules could be hedged.
+    if (hasDotSegment(url)) {
+      this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not forwarded: a node that resolves it would serve another path than the one routed', ErrorCodes.BAD_REQUEST), this.draining, null, head);
+      return;
+    }
     let op: number;
     let retryable: boolean;
     if (route.replicas !== null) {
@@ -988,19 +996,9 @@ export class WorkerFront implements TunnelHost {
         this.refuse(res, 405, errorBody(`${method} is not carried by a replicated route (${REPLICATED_METHODS})`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, ['allow', REPLICATED_METHODS], head);
         return;
       }
-      // The path is the key when no header names one: `/kv/a/../b` and `/kv/b` must not be
-      // two keys on two sets of replicas for one value.
-      if (hasDotSegment(url)) {
-        this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not a key a replicated route takes', ErrorCodes.BAD_REQUEST), this.draining, null, head);
-        return;
-      }
       if (keyHeader === null) key = url;
       retryable = false;
     } else if (route.classifier !== null) {
-      if (hasDotSegment(url)) {
-        this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not routed by operation rules', ErrorCodes.BAD_REQUEST), this.draining, null, head);
-        return;
-      }
       op = route.classifier.classify(url);
       if (op === OP_UNSUPPORTED) {
         this.refuse(res, 501, errorBody(`${url} is not routed: a streaming call, and answers are relayed whole`, ErrorCodes.UNSUPPORTED), this.draining, null, head);
