@@ -5,16 +5,19 @@
  *   node dist/bench/suite.js [--quick] [--repeats 3] [--seconds 5] [--prewarm 2]
  *       [--contenders direct,lakefront-1t,lakefront-2t,node-proxy,nginx-1w,nginx-2w,haproxy-1t,haproxy-2t]
  *       [--workloads post256,get1k,get16k,mix8020] [--connections 64,1024] [--no-write]
+ *       [--generator autocannon|wrk] [--section NAME]
  *
  * Settings may also come from the environment: BENCH_REPEATS, BENCH_SECONDS, BENCH_CONTENDERS,
- * BENCH_WORKLOADS, BENCH_CONNECTIONS. Writes bench/results/suite.json, bench/results/suite.svg and
+ * BENCH_WORKLOADS, BENCH_CONNECTIONS, BENCH_GENERATOR. The load comes from autocannon in this process
+ * (the default) or from wrk (`--generator wrk`, a C generator in its own process that leaves the
+ * contenders more of the two cores: see `runWrk`). Writes bench/results/suite.json, bench/results/suite.svg and
  * the generated section of bench/RESULTS.md.
  */
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { direct, startHaproxy, startLakefront, startNginx, startNodeProxy, startUpstream, type Contender, type Upstream } from './lib/contenders.js';
-import { WORKLOADS, runLoad, warmUp, type LoadResult } from './lib/load.js';
+import { WORKLOADS, hasWrk, runLoad, runWrk, warmUp, type LoadResult } from './lib/load.js';
 import { ROOT, pause, totalCpuSeconds } from './lib/procs.js';
 import { fmt, machine, median, spread, svgChart, table, updateSection, writeResult, type ChartGroup } from './lib/report.js';
 
@@ -29,6 +32,7 @@ const { values } = parseArgs({
     connections: { type: 'string' },
     'no-write': { type: 'boolean', default: false },
     section: { type: 'string' },
+    generator: { type: 'string' },
   },
 });
 const env = process.env;
@@ -47,6 +51,8 @@ const contenderNames = (values.contenders ?? env.BENCH_CONTENDERS ?? 'direct,lak
 const workloadNames = (values.workloads ?? env.BENCH_WORKLOADS ?? (quick ? 'post256,get1k' : 'post256,get1k,get16k,mix8020')).split(',');
 const connectionCounts = (values.connections ?? env.BENCH_CONNECTIONS ?? (quick ? '64' : '64,1024')).split(',').map(Number);
 const section = values.section ?? (quick ? 'suite-quick' : 'suite');
+const generator = values.generator ?? env.BENCH_GENERATOR ?? 'autocannon';
+if (generator !== 'autocannon' && generator !== 'wrk') throw new Error(`unknown generator ${generator}; known: autocannon, wrk`);
 
 for (const name of workloadNames) if (!WORKLOADS[name]) throw new Error(`unknown workload ${name}; known: ${Object.keys(WORKLOADS).join(', ')}`);
 
@@ -66,6 +72,7 @@ interface Sample extends LoadResult {
 }
 
 async function main(): Promise<void> {
+  if (generator === 'wrk' && !(await hasWrk())) throw new Error('--generator wrk: wrk is not installed (apt-get install -y wrk)');
   const upstream = await startUpstream();
   const contenders: Contender[] = [];
   const skipped: string[] = [];
@@ -94,7 +101,7 @@ async function main(): Promise<void> {
           for (const c of contenders) {
             await pause(300); // let the previous run's sockets close
             const cpuBefore = c.proc ? totalCpuSeconds(c.proc) : 0;
-            const result = await runLoad(c.url, workload, connections, seconds);
+            const result = generator === 'wrk' ? await runWrk(c.url, workload, connections, seconds) : await runLoad(c.url, workload, connections, seconds);
             const cpuAfter = c.proc ? totalCpuSeconds(c.proc) : 0;
             const cpuUsPerRequest = c.proc && result.requests > 0 ? ((cpuAfter - cpuBefore) * 1e6) / result.requests : Number.NaN;
             results[key]![c.name]!.push({ ...result, cpuUsPerRequest });
@@ -155,7 +162,7 @@ function report(results: Record<string, Record<string, Sample[]>>, contenders: C
   const out = {
     machine: info,
     command,
-    settings: { repeats, seconds, prewarm, workloads: workloadNames, connections: connectionCounts, contenders: contenders.map((c) => c.name), skipped },
+    settings: { generator, repeats, seconds, prewarm, workloads: workloadNames, connections: connectionCounts, contenders: contenders.map((c) => c.name), skipped },
     summary,
   };
   process.stdout.write(`\n${lines.join('\n')}\n`);
@@ -166,7 +173,9 @@ function report(results: Record<string, Record<string, Sample[]>>, contenders: C
   const header = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
     `Command: \`${command}\` (${repeats} interleaved repeats of ${seconds} s per contender and workload, after a one-time ${prewarm} s warm-up on each workload and a 1 s one before each; medians, spread = min-max of the repeats).`,
-    `Load: autocannon in the bench process, latency per response in microseconds (HDR). CPU us/req = the contender's process CPU time (all threads, all processes) over requests answered.`,
+    generator === 'wrk'
+      ? `Load: wrk (one thread, its own process, the workload's requests cycled), latency per request in microseconds (wrk's own). CPU`
+      : `Load: autocannon in the bench process, latency per response in microseconds (HDR). CPU us/req = the contender's process CPU time (all threads, all processes) over requests answered.`,
     skipped.length ? `Skipped: ${skipped.join('; ')}.` : '',
     `Chart: [results/${section}.svg](results/${section}.svg); raw figures: [results/${section}.json](results/${section}.json).`,
   ].filter(Boolean);

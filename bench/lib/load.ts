@@ -2,6 +2,10 @@
  * Load generation with autocannon, recording every response's latency in microseconds into an
  * HDR histogram (autocannon's own histogram holds whole milliseconds).
  */
+import { execFile } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import autocannon from 'autocannon';
 import hdr from 'hdr-histogram-js';
 
@@ -114,6 +118,79 @@ export async function runLoad(url: string, workload: Workload, connections: numb
     p99Us: histogram.getValueAtPercentile(99),
     p999Us: histogram.getValueAtPercentile(99.9),
   };
+}
+
+/**
+ * The same load from wrk (the Debian package, written in C) instead of autocannon: one wrk thread,
+ * `connections` connections, the workload's prebuilt requests cycled. autocannon runs in the bench
+ * process and takes as much CPU as a proxy on these two shared cores; wrk takes a fraction, so the
+ * contenders' CPU a request is less inflated by the generator's competition (both are reported).
+ * Latency is wrk's own, per request in microseconds (its first requests on a connection are timed
+ * from their send, not from the TCP connect).
+ */
+export async function runWrk(url: string, workload: Workload, connections: number, seconds: number): Promise<LoadResult> {
+  const dir = mkdtempSync(join(tmpdir(), 'lakefront-wrk-'));
+  try {
+    const script = join(dir, `${workload.name}.lua`);
+    writeFileSync(script, wrkScript(workload));
+    const stdout = await new Promise<string>((resolve, reject) => {
+      execFile('wrk', ['-t1', `-c${connections}`, `-d${seconds}s`, '--timeout', '10s', '-s', script, url], { timeout: (seconds + 30) * 1000 }, (err, out, errOut) =>
+        err ? reject(new Error(`wrk failed: ${err.message} ${errOut}`)) : resolve(out),
+      );
+    });
+    const line = stdout.split('\n').find((l) => l.startsWith('{"wrk":'));
+    if (!line) throw new Error(`wrk printed no result line: ${stdout}`);
+    const r = JSON.parse(line) as { requests: number; durationUs: number; status: number; connect: number; read: number; write: number; timeout: number; p50: number; p99: number; p999: number };
+    const elapsed = r.durationUs / 1e6;
+    return {
+      requests: r.requests,
+      ok: r.requests - r.status,
+      non2xx: r.status,
+      errors: r.connect + r.read + r.write,
+      timeouts: r.timeout,
+      seconds: elapsed,
+      rps: (r.requests - r.status) / elapsed,
+      p50Us: r.p50,
+      p99Us: r.p99,
+      p999Us: r.p999,
+    };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/** Whether wrk is on the PATH (`apt-get install wrk`). */
+export function hasWrk(): Promise<boolean> {
+  // `wrk --version` exits 1 after printing its version and usage.
+  return new Promise((resolve) => execFile('wrk', ['--version'], (err, out) => resolve(!err || /^wrk /.test(out))));
+}
+
+/** A wrk script that sends the workload's requests in turn and prints one JSON line at the end. */
+export function wrkScript(workload: Workload): string {
+  const lua = (v: string): string => JSON.stringify(v); // ASCII only: a JSON string is a Lua string
+  const requests = workload.requests.map((r) => {
+    const headers = Object.entries(r.headers ?? {}).map(([k, v]) => `[${lua(k)}]=${lua(String(v))}`);
+    const body = typeof r.body === 'string' ? lua(r.body) : 'nil';
+    return `  wrk.format(${lua(r.method ?? 'GET')}, ${lua(r.path ?? '/')}, {${headers.join(',')}}, ${body}),`;
+  });
+  return `local requests
+local i = 0
+init = function(args)
+  requests = {
+${requests.join('\n')}
+  }
+end
+request = function()
+  i = i % #requests + 1
+  return requests[i]
+end
+done = function(summary, latency, _)
+  local e = summary.errors
+  io.write(string.format('{"wrk":1,"requests":%d,"durationUs":%d,"status":%d,"connect":%d,"read":%d,"write":%d,"timeout":%d,"p50":%d,"p99":%d,"p999":%d}\\n',
+    summary.requests, summary.duration, e.status, e.connect, e.read, e.write, e.timeout,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9)))
+end
+`;
 }
 
 /** A short unrecorded run that warms connections, pools and JIT. */
