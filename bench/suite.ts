@@ -173,9 +173,7 @@ function report(results: Record<string, Record<string, Sample[]>>, contenders: C
   const header = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
     `Command: \`${command}\` (${repeats} interleaved repeats of ${seconds} s per contender and workload, after a one-time ${prewarm} s warm-up on each workload and a 1 s one before each; medians, spread = min-max of the repeats).`,
-    generator === 'wrk'
-      ? `Load: wrk (one thread, its own process, the workload's requests cycled), latency per request in microseconds (wrk's own). CPU`
-      : `Load: autocannon in the bench process, latency per response in microseconds (HDR). CPU us/req = the contender's process CPU time (all threads, all processes) over requests answered.`,
+    `${generator === 'wrk' ? "Load: wrk (one thread, its own process, the workload's requests cycled), latency per request in microseconds (wrk's own)." : 'Load: autocannon in the bench process, latency per response in microseconds (HDR).'} CPU us/req = the contender's process CPU time (all threads, all processes) over requests answered.`,
     skipped.length ? `Skipped: ${skipped.join('; ')}.` : '',
     `Chart: [results/${section}.svg](results/${section}.svg); raw figures: [results/${section}.json](results/${section}.json).`,
   ].filter(Boolean);
