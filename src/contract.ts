@@ -111,7 +111,8 @@ export const DEFAULT_WS_PING_MS = 30_000;
  * Whether a request path holds a dot segment (`.` or `..`, or either with the dot
  * percent-encoded, with or without `;parameters`, which servlet containers strip) between
  * separators that a node might take for `/`: the slash itself, a percent-encoded one (`%2F`), and
- * a backslash, plain or encoded (`%5C`), which some servers read as a slash. A node that normalises the path would serve another one than the front door
+ * a backslash, plain or encoded (`%5C`), which some servers read as a slash; or before a `#`
+ * (uWS passes a fragment on in the path, and a node drops it, then resolves the dots). A node that normalises the path would serve another one than the front door
  * classified (a write under a read prefix could be hedged: sent twice) or routed (`/public/../admin`
  * under `/public/*`), so the front door refuses such paths on every route and WebSocket handshake.
  */
@@ -121,4 +122,4 @@ export function hasDotSegment(path: string): boolean {
   return DOT_SEGMENT.test(path);
 }
 
-const DOT_SEGMENT = /(?:^|\/|\\|%2f|%5c)(?:\.|%2e){1,2}(?:(?:;|%3b)[^/\\]*)?(?:\/|\\|%2f|%5c|$)/i;
+const DOT_SEGMENT = /(?:^|\/|\\|%2f|%5c)(?:\.|%2e){1,2}(?:(?:;|%3b)[^/\\#]*)?(?:\/|\\|%2f|%5c|#|$)/i;

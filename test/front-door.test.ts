@@ -1544,7 +1544,7 @@ describe('front door: start-up', () => {
     });
     try {
       // Raw bytes: fetch and undici would resolve the segments before sending.
-      const paths = ['/public/../admin', '/public/./x', '/public/%2e%2e/admin', '/public/.%2E;v=1/admin', '/public/x%2F..%2F..%2Fadmin', '/public/..\\admin', '/public/x/..', '/rpc/board.append/../board.delete'];
+      const paths = ['/public/../admin', '/public/./x', '/public/%2e%2e/admin', '/public/.%2E;v=1/admin', '/public/x%2F..%2F..%2Fadmin', '/public/..\\admin', '/public/x/..', '/public/..#x', '/public/x/.%2e#', '/rpc/board.append/../board.delete'];
       for (const path of paths) {
         const raw = await rawExchange(door.url, `GET ${path} HTTP/1.1\r\nhost: x\r\nx-lakefront-board: dots\r\n\r\n`, { done: (text) => text.endsWith('}') });
         assert.match(raw, /^HTTP\/1\.1 400 /, path);

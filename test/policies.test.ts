@@ -231,7 +231,9 @@ describe('dot segments', () => {
     for (const path of ['/zk/children/x%2F..%2F..%2Fset', '/a%2f.%2fb', '/a/..%2Fb', '/a\\..\\b', '/a%5C..%5cb', '/a/%2e%2E%5C', '/a\\.']) assert.equal(hasDotSegment(path), true, path);
     // With path parameters, which servlet containers strip (`/reads/..;/write` is `/write` there).
     for (const path of ['/ops/reads/..;/write', '/a/..;x=1/b', '/a/.%3B/b', '/a/..;']) assert.equal(hasDotSegment(path), true, path);
-    for (const path of ['/rpc/query.execute', '/a.b/c', '/..a/b', '/a/b..', '/a%2Fb', '/%2e%2ex', '/', '/v3/kv/range', '/a%2F..b', '/a\\b.c', '/%41', '/a/b;c', '/a/x..;/b']) assert.equal(hasDotSegment(path), false, path);
+    // Before a fragment, which a node drops before resolving the dots (`/public/..#x` is `/` there).
+    for (const path of ['/a/..#x', '/a/.#', '/a/.%2e#', '/a/..;x#y', '/a%2F..#']) assert.equal(hasDotSegment(path), true, path);
+    for (const path of ['/rpc/query.execute', '/a.b/c', '/..a/b', '/a/b..', '/a%2Fb', '/%2e%2ex', '/', '/v3/kv/range', '/a%2F..b', '/a\\b.c', '/%41', '/a/b;c', '/a/x..;/b', '/a/b#..', '/a/..x#', '/a#b']) assert.equal(hasDotSegment(path), false, path);
   });
 });
 

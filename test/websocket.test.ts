@@ -314,7 +314,7 @@ describe('WebSocket tunnels', () => {
     // The upstream client would resolve dot segments: the node would get another path. (Raw:
     // the ws client resolves them itself.)
     const counts = nodes.map((n) => n.handshakes.length);
-    for (const path of ['/rpc/%2e%2e/admin', '/rpc/a/../b', '/rpc/./x', '/rpc/x/%2E']) {
+    for (const path of ['/rpc/%2e%2e/admin', '/rpc/a/../b', '/rpc/./x', '/rpc/x/%2E', '/rpc/x/..#y']) {
       const dotted = await rawExchange(
         door.url,
         `GET ${path} HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\nx-lakefront-board: b\r\n\r\n`,
