@@ -195,6 +195,7 @@ describe('configuration file', () => {
     ['an unknown forwardedFor', { ...good, forwardedFor: 'replace' }, / lf\.json: forwardedFor: must be "append" or "off", got "replace"/],
     ['a bad top-level value, named as the nested ones are', { ...good, threads: 0 }, / lf\.json: threads: must be a number in 1\.\.256, got 0$/],
     ['a bad path', { ...good, routes: [{ path: 'rpc', cluster: 'boards' }] }, /routes\[0\]\.path: must start with \//],
+    ['a wildcard that is not a whole segment (uWS matches /api* only as written)', { ...good, routes: [{ path: '/api*', cluster: 'boards' }] }, /routes\[0\]\.path: must start with \/ and may end in \/\* \(a wildcard is a whole segment: "\/api\/\*", not "\/api\*"\), got "\/api\*"/],
     ['a route over the front door\'s own /stats', { ...good, routes: [{ path: '/stats', cluster: 'boards' }] }, /routes\[0\]\.path: \/stats is the front door's own endpoint/],
     ['a bad rho', { ...good, clusters: [{ ...good.clusters[1], policy: { rho: 0.5 } }, good.clusters[0]] }, /clusters\[0\]\.policy\.rho: must be a number in 1\.\.1000, got 0\.5/],
     ['no routes', { ...good, routes: [] }, /lf\.json: routes: must be a non-empty list/],

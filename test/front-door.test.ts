@@ -1564,6 +1564,48 @@ describe('front door: start-up', () => {
     }
   });
 
+  it("refuses another route's path spelled otherwise (//admin/x, /%61dmin/x under a catch-all), and passes a respelling within its own route", async () => {
+    const [adminNode, allNode] = await startNodes('adm', 'all');
+    const door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [
+        { name: 'admin', members: [{ id: adminNode!.id, url: adminNode!.url }] },
+        { name: 'default', members: [{ id: allNode!.id, url: allNode!.url }] },
+      ],
+      routes: [
+        { pattern: '/admin/*', cluster: 'admin', policy: 'round_robin', keyHeader: null },
+        { pattern: '/*', cluster: 'default', policy: 'round_robin', keyHeader: null },
+      ],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({}),
+    });
+    try {
+      const ask = (path: string, ws = false) =>
+        rawExchange(door.url, `GET ${path} HTTP/1.1\r\nhost: x\r\n${ws ? 'upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n' : 'connection: close\r\n'}\r\n`, { done: (text) => text.endsWith('}') });
+      for (const path of ['//admin/x', '/%61dmin/x', '/ad%6Din/x', '/admin%2Fx', '/admin%5Cx', '/admin\\x', '///admin//x']) {
+        const raw = await ask(path);
+        assert.match(raw, /^HTTP\/1\.1 400 /, path);
+        assert.match(raw, /route \/admin\/\*'s spelled otherwise/, path);
+        const handshake = await ask(path, true);
+        assert.match(handshake, /^HTTP\/1\.1 400 /, `${path} (WebSocket)`);
+      }
+      assert.equal(allNode!.hits(), 0, "the catch-all's node got none of them");
+      assert.equal(adminNode!.hits(), 0);
+      // Within its own route, or a plain spelling no other route has: as sent.
+      for (const [path, node] of [['/admin//x', adminNode!], ['/admin/a%2Fb', adminNode!], ['/other//x', allNode!], ['/%6Fther/x', allNode!], ['/adm%69n', allNode!]] as const) {
+        const raw = await ask(path);
+        assert.match(raw, /^HTTP\/1\.1 200 /, path);
+        assert.ok(node.received.some((r) => r.path === path), `${path} reached ${node.id} as sent`);
+      }
+    } finally {
+      await door.stop();
+      await Promise.all([adminNode!.stop(), allNode!.stop()]);
+    }
+  });
+
   it('picks another free port when something takes the one it chose before the workers bind it', async () => {
     // The race: the port found free is taken between the check and the workers' bind.
     const close = Server.prototype.close;

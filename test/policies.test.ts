@@ -11,6 +11,7 @@ import type { ClusterView, Policy } from '../src/policies/types.js';
 import { DEFAULT_POLICY_SETTINGS } from '../src/server/supervisor.js';
 import { OP_READ, OP_UNSUPPORTED, OP_WRITE } from '../src/server/protocol.js';
 import { hasDotSegment } from '../src/contract.js';
+import { RouteMatcher, mayRespell, plainSpelling } from '../src/server/route-match.js';
 import { OperationClassifier } from '../src/server/operations.js';
 import { ETCD_OPERATIONS } from '../src/config/presets.js';
 
@@ -234,6 +235,36 @@ describe('dot segments', () => {
     // Before a fragment, which a node drops before resolving the dots (`/public/..#x` is `/` there).
     for (const path of ['/a/..#x', '/a/.#', '/a/.%2e#', '/a/..;x#y', '/a%2F..#']) assert.equal(hasDotSegment(path), true, path);
     for (const path of ['/rpc/query.execute', '/a.b/c', '/..a/b', '/a/b..', '/a%2Fb', '/%2e%2ex', '/', '/v3/kv/range', '/a%2F..b', '/a\\b.c', '/%41', '/a/b;c', '/a/x..;/b', '/a/b#..', '/a/..x#', '/a#b']) assert.equal(hasDotSegment(path), false, path);
+  });
+});
+
+describe('route spellings', () => {
+  it('reads a path as a normalising node does: unreserved escapes, %2F and %5C decoded, backslashes and doubled slashes made one slash', () => {
+    assert.equal(plainSpelling('/%61dmin/x'), '/admin/x');
+    assert.equal(plainSpelling('/admin%2Fx'), '/admin/x');
+    assert.equal(plainSpelling('/admin%5cx'), '/admin/x');
+    assert.equal(plainSpelling('//admin///x'), '/admin/x');
+    assert.equal(plainSpelling('/admin\\x'), '/admin/x');
+    assert.equal(plainSpelling('/a%20b/%3F%25'), '/a%20b/%3F%25', 'other escapes are kept');
+    assert.equal(plainSpelling('/a%2'), '/a%2');
+    for (const path of ['/a%2Fb', '//a', '/a\\b']) assert.equal(mayRespell(path), true, path);
+    for (const path of ['/rpc/board.append', '/a/b/c', '/']) assert.equal(mayRespell(path), false, path);
+  });
+
+  it('matches routes as uWS does: an exact path first, then the longest wildcard prefix', () => {
+    const m = new RouteMatcher([
+      { pattern: '/*', value: 'all' },
+      { pattern: '/a/*', value: 'a' },
+      { pattern: '/a/b/*', value: 'ab' },
+      { pattern: '/x', value: 'x' },
+    ]);
+    assert.equal(m.match('/a/q'), 'a');
+    assert.equal(m.match('/a/b'), 'a');
+    assert.equal(m.match('/a/b/c'), 'ab');
+    assert.equal(m.match('/x'), 'x');
+    assert.equal(m.match('/x/'), 'all');
+    assert.equal(m.match('/a'), 'all');
+    assert.equal(new RouteMatcher([{ pattern: '/a/*', value: 1 }]).match('/b'), null);
   });
 });
 

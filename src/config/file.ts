@@ -273,7 +273,10 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     if (!isObject(r)) fail(where, 'must be an object');
     known(r, ['path', 'cluster', 'policy', 'keyHeader', 'preset', 'operations', 'hedge', 'failoverUnsent', 'affinity', 'quorum'], where);
     const path = str(r, 'path', where, true);
-    if (!PATH_PATTERN.test(path)) fail(`${where}.path`, `must start with / and may end in *, got ${JSON.stringify(path)}`);
+    if (!PATH_PATTERN.test(path) || (path.endsWith('*') && !path.endsWith('/*'))) {
+      // uWS matches a wildcard only as a whole last segment: `/api*` would match nothing but itself.
+      fail(`${where}.path`, `must start with / and may end in /* (a wildcard is a whole segment: "/api/*", not "/api*"), got ${JSON.stringify(path)}`);
+    }
     if (OWN_PATHS.includes(path)) fail(`${where}.path`, `${path} is the front door's own endpoint (${OWN_PATHS.join(', ')} are not proxied)`);
     const cluster = str(r, 'cluster', where, true);
     const clusterConfig = clusters.find((c) => c.name === cluster);

@@ -18,6 +18,7 @@ import {
   isIdempotentPath,
   isSafeMethod,
 } from '../contract.js';
+import { RouteMatcher, mayRespell, plainSpelling } from './route-match.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { Exchange, isBackOff } from '../forward/exchange.js';
 import { connectionNamed, isChunkedOnly, type HeaderFields } from '../forward/fields.js';
@@ -473,6 +474,8 @@ export class WorkerFront implements TunnelHost {
   private generation = -1;
   private readonly runtimes: ClusterRuntime[];
   private readonly routes: BoundRoute[];
+  /** The routes by pattern, to refuse another route's path spelled otherwise; null: one route. */
+  private readonly respellings: RouteMatcher<BoundRoute> | null;
   private readonly histograms: NodeHistograms;
   /** `/stats` requests waiting for the control plane, and whether each is a HEAD. */
   private readonly pendingStats = new Map<number, { res: HttpResponse; head: boolean }>();
@@ -548,6 +551,7 @@ export class WorkerFront implements TunnelHost {
         turns: new Int32Array(runtime.regionCount),
       };
     });
+    this.respellings = this.routes.length > 1 ? new RouteMatcher(this.routes.map((r) => ({ pattern: r.spec.pattern, value: r }))) : null;
     this.rankScratch = new Int32Array(Math.max(1, ...this.runtimes.map((r) => r.size)));
     this.refresh();
     this.app = this.uws.App();
@@ -987,6 +991,15 @@ export class WorkerFront implements TunnelHost {
     if (hasDotSegment(url)) {
       this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not forwarded: a node that resolves it would serve another path than the one routed', ErrorCodes.BAD_REQUEST), this.draining, null, head);
       return;
+    }
+    // Another route's path spelled otherwise (`//admin/x`, `/%61dmin/x` under a catch-all): see
+    // route-match.ts. Only paths with an escape, a doubled slash or a backslash are looked at.
+    if (this.respellings !== null && mayRespell(url)) {
+      const other = this.respellings.match(plainSpelling(url));
+      if (other !== null && other !== route) {
+        this.refuse(res, 400, errorBody(`a path that is route ${other.spec.pattern}'s spelled otherwise is not forwarded: routes match the path as sent`, ErrorCodes.BAD_REQUEST), this.draining, null, head);
+        return;
+      }
     }
     let op: number;
     let retryable: boolean;

@@ -28,6 +28,7 @@ import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
+import { RouteMatcher, mayRespell, plainSpelling } from './route-match.js';
 import { MAX_CANDIDATES, isGatewayFailure, retryAfterSeconds, soonerWait } from '../forward/exchange.js';
 import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { connectionNamed } from '../forward/fields.js';
@@ -130,6 +131,8 @@ export class WebSocketTunnels {
   private sweeper: NodeJS.Timeout | null = null;
   /** Handshakes waiting for a node: each answers 503 when called (drain). */
   private readonly pending = new Set<() => void>();
+  /** The routes by pattern, to refuse another route's path spelled otherwise (route-match.ts); null: one route. */
+  private respellings: RouteMatcher<TunnelRoute> | null = null;
 
   /** Per node (global index): its `ws:`/`wss:` origin, worked out once. */
   private readonly origins: readonly string[];
@@ -140,6 +143,7 @@ export class WebSocketTunnels {
 
   /** Takes WebSocket handshakes on every proxied route; other requests fall through to `any`. */
   mount(app: TemplatedApp, routes: readonly TunnelRoute[]): void {
+    this.respellings = routes.length > 1 ? new RouteMatcher(routes.map((r) => ({ pattern: r.spec.pattern, value: r }))) : null;
     for (const route of routes) {
       // A replicated route's requests go to several replicas at once: no tunnel to one of them
       // (its plain handler refuses the handshake).
@@ -269,6 +273,13 @@ export class WebSocketTunnels {
     if (hasDotSegment(url)) {
       host.refuse(res, 400, errorBody('a WebSocket path with a dot segment (. or ..) is not routed', ErrorCodes.BAD_REQUEST), false);
       return;
+    }
+    if (this.respellings !== null && mayRespell(url)) {
+      const other = this.respellings.match(plainSpelling(url));
+      if (other !== null && other !== route) {
+        host.refuse(res, 400, errorBody(`a WebSocket path that is route ${other.spec.pattern}'s spelled otherwise is not routed`, ErrorCodes.BAD_REQUEST), false);
+        return;
+      }
     }
     if (route.classifier !== null && route.classifier.classify(url) === OP_UNSUPPORTED) {
       host.refuse(res, 501, errorBody(`${url} is not routed`, ErrorCodes.UNSUPPORTED), false);
