@@ -111,7 +111,9 @@ export class Router {
   /**
    * Sends `body` to the board's native node, hedging to the runner-up if the first has not
    * answered by its own p95 (or `hedgeDelayMs` before it has 8 samples). A non-retryable call
-   * gets exactly one attempt on exactly one node.
+   * gets exactly one attempt on exactly one node. `path` is the calling code's, sent as given
+   * (fetch resolves dot segments itself); the front door's checks on client paths (dot segments,
+   * another route's spelling) are for requests from outside, not for it.
    */
   forward(
     boardId: string,
