@@ -18,7 +18,7 @@ import {
   isIdempotentPath,
   isSafeMethod,
 } from '../contract.js';
-import { RouteMatcher, mayRespell, plainSpelling } from './route-match.js';
+import { RouteMatcher, respelledRoute } from './route-match.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { Exchange, isBackOff } from '../forward/exchange.js';
 import { connectionNamed, isChunkedOnly, type HeaderFields } from '../forward/fields.js';
@@ -992,14 +992,11 @@ export class WorkerFront implements TunnelHost {
       this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not forwarded: a node that resolves it would serve another path than the one routed', ErrorCodes.BAD_REQUEST), this.draining, null, head);
       return;
     }
-    // Another route's path spelled otherwise (`//admin/x`, `/%61dmin/x` under a catch-all): see
-    // route-match.ts. Only paths with an escape, a doubled slash or a backslash are looked at.
-    if (this.respellings !== null && mayRespell(url)) {
-      const other = this.respellings.match(plainSpelling(url));
-      if (other !== null && other !== route) {
-        this.refuse(res, 400, errorBody(`a path that is route ${other.spec.pattern}'s spelled otherwise is not forwarded: routes match the path as sent`, ErrorCodes.BAD_REQUEST), this.draining, null, head);
-        return;
-      }
+    // Another route's path spelled otherwise (`//admin/x`, `/%61dmin/x` under a catch-all).
+    const other = respelledRoute(this.respellings, route, url);
+    if (other !== null) {
+      this.refuse(res, 400, errorBody(`a path that is route ${other.spec.pattern}'s spelled otherwise is not forwarded: routes match the path as sent`, ErrorCodes.BAD_REQUEST), this.draining, null, head);
+      return;
     }
     let op: number;
     let retryable: boolean;

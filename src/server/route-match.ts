@@ -30,6 +30,17 @@ export class RouteMatcher<T> {
   }
 }
 
+/**
+ * The route `path` is when read plainly, if another than `route` (which uWS matched it to); else
+ * null. Only a path with an escape, a doubled slash or a backslash is read again; `matcher` is
+ * null where there is one route (no other to be).
+ */
+export function respelledRoute<T>(matcher: RouteMatcher<T> | null, route: T, path: string): T | null {
+  if (matcher === null || !mayRespell(path)) return null;
+  const other = matcher.match(plainSpelling(path));
+  return other !== null && other !== route ? other : null;
+}
+
 /** Whether `path` may spell another path otherwise (an escape, a doubled slash, a backslash). */
 export function mayRespell(path: string): boolean {
   return path.indexOf('%') >= 0 || path.indexOf('//') >= 0 || path.indexOf('\\') >= 0;

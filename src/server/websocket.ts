@@ -28,7 +28,7 @@ import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
-import { RouteMatcher, mayRespell, plainSpelling } from './route-match.js';
+import { RouteMatcher, respelledRoute } from './route-match.js';
 import { MAX_CANDIDATES, isGatewayFailure, retryAfterSeconds, soonerWait } from '../forward/exchange.js';
 import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { connectionNamed } from '../forward/fields.js';
@@ -274,12 +274,10 @@ export class WebSocketTunnels {
       host.refuse(res, 400, errorBody('a WebSocket path with a dot segment (. or ..) is not routed', ErrorCodes.BAD_REQUEST), false);
       return;
     }
-    if (this.respellings !== null && mayRespell(url)) {
-      const other = this.respellings.match(plainSpelling(url));
-      if (other !== null && other !== route) {
-        host.refuse(res, 400, errorBody(`a WebSocket path that is route ${other.spec.pattern}'s spelled otherwise is not routed`, ErrorCodes.BAD_REQUEST), false);
-        return;
-      }
+    const other = respelledRoute(this.respellings, route, url);
+    if (other !== null) {
+      host.refuse(res, 400, errorBody(`a WebSocket path that is route ${other.spec.pattern}'s spelled otherwise is not routed`, ErrorCodes.BAD_REQUEST), false);
+      return;
     }
     if (route.classifier !== null && route.classifier.classify(url) === OP_UNSUPPORTED) {
       host.refuse(res, 501, errorBody(`${url} is not routed`, ErrorCodes.UNSUPPORTED), false);
