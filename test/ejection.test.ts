@@ -283,6 +283,23 @@ describe('what counts toward ejection, and what does not', () => {
     assert.ok((await call(`${front.url}/health`)).json<{ healthy: string[] }>().healthy.includes(slow.id));
   });
 
+  it('a node answering bytes that are not HTTP is ejected under the undici client too, and named so (its parser errors carry no code)', async () => {
+    const front = await start({ upstreamClient: 'undici', hedgeMode: 'off' });
+    const [bad] = nodes as [FakeNode];
+    bad.behaviour = { kind: 'garbage' };
+    const board = await boardOf(front, bad);
+    const verdict = once(front, 'ejection') as Promise<[EjectionEvent]>;
+    // A bare write it took gets 502, its reason the malformed answer; reads go on to another node.
+    const write = await rpc(front.url, 'board.append', board);
+    assert.equal(write.status, 502);
+    assert.match(write.text, /LF_ERR_UPSTREAM_BAD_RESPONSE/);
+    for (let i = 1; i < EJECT_AFTER; i++) assert.equal((await rpc(front.url, 'query.execute', board)).status, 200);
+    const [event] = await verdict;
+    assert.equal(event.node, bad.id);
+    assert.equal(event.code, 'LF_ERR_UPSTREAM_BAD_RESPONSE');
+    assert.equal(event.ejected, true);
+  });
+
   it('a request the undici client refuses to send is not the node\'s failure', async () => {
     const front = await start({ upstreamClient: 'undici', requestTimeoutMs: 300, hedgeMode: 'off' });
     const [target] = nodes as [FakeNode];

@@ -366,14 +366,16 @@ class DispatchAttempt extends CancellableAttempt {
       this.transport.observer.attemptEnded(this.node, true, onSocket ? performance.now() - this.startedAt : -1, onSocket ? cancelledAs(this.exchange) : CANCELLED, this.exchange.op);
       return;
     }
-    this.transport.observer.attemptEnded(this.node, false, performance.now() - this.startedAt, err, this.exchange.op);
-    if (!this.cancelled) this.exchange.failed(this.ordinal, undiciFailure(err, !this.mayHaveBeenSent()));
+    // One failure for both: passive health reads its code as the exchange does.
+    const failure = undiciFailure(err, !this.mayHaveBeenSent());
+    this.transport.observer.attemptEnded(this.node, false, performance.now() - this.startedAt, failure, this.exchange.op);
+    if (!this.cancelled) this.exchange.failed(this.ordinal, failure);
   }
 
   onResponseStarted(): void {}
 
   onUpgrade(): void {
-    this.onError(new Error('unexpected upgrade from upstream'));
+    this.onError(new Error(UNEXPECTED_UPGRADE));
   }
 }
 
@@ -384,9 +386,15 @@ class DispatchAttempt extends CancellableAttempt {
  * @internal exported for tests
  */
 export function undiciFailure(err: Error, neverOnSocket: boolean): Error & { code: unknown; unsent: boolean } {
-  const code = (err as { code?: unknown }).code;
+  let code = (err as { code?: unknown }).code;
+  // undici 7.30's parser errors carry no code (it looks the parser's number up in a map of
+  // names): a malformed answer is the h1 client's BAD_RESPONSE, and counts toward ejection as
+  // there; so does an upgrade nobody asked for.
+  if (typeof code !== 'string' && (err.name === 'HTTPParserError' || err.message === UNEXPECTED_UPGRADE)) code = H1Codes.BAD_RESPONSE;
   return Object.assign(new Error(err.message, { cause: err }), { code, unsent: neverOnSocket });
 }
+
+const UNEXPECTED_UPGRADE = 'unexpected upgrade from upstream';
 
 class UndiciTransport implements NodeTransport {
   readonly pool: Pool;
