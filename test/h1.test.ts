@@ -198,6 +198,24 @@ describe('h1 client', () => {
     }
   });
 
+  it('fails at once a LF without its CR ending the status line, the head or a chunk line, rather than waiting for a CRLF', async () => {
+    // The node keeps the connection open: waiting for a CRLF would end in a timeout, not this.
+    const answers = [
+      'HTTP/1.1 200 OK\ncontent-length: 2\r\n\r\nok',
+      'HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\nok',
+      'HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\n',
+      'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n',
+      'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-t: 1\n\r\n',
+    ];
+    for (const answer of answers) {
+      const { server, pool } = await setup((req) => req.socket.write(answer), { requestTimeoutMs: 2_000 });
+      const out = await send(pool, request('GET', '/'));
+      assert.equal(out.error?.code, H1Codes.BAD_RESPONSE, JSON.stringify(answer));
+      assert.match(out.error?.message ?? '', /bare LF/, JSON.stringify(answer));
+      server.close();
+    }
+  });
+
   it('writes an all-ASCII request (the latin1 path) byte for byte', async () => {
     const { server, pool } = await setup();
     await send(pool, request('POST', '/rpc/x?q=1', ['x-lakefront-board', 'b-1', 'x-tab', 'a\tb'], '{"v":1}'));

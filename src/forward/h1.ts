@@ -114,11 +114,20 @@ function copyIfShared(view: Buffer): Buffer {
   return view.buffer === READ_BUFFER.buffer ? Buffer.from(view) : view;
 }
 
-/** Offset of the first CRLF in buf[from, end), or -1. A JS loop: no native call per search. */
+/**
+ * Offset of the first CRLF in buf[from, end): -1 when there is no line end yet, BARE_LF when a LF
+ * without its CR ends the line. A JS loop: no native call per search.
+ */
 function findCRLF(buf: Uint8Array, from: number, end: number): number {
-  for (let i = from; i + 1 < end; i++) if (buf[i] === 0x0d && buf[i + 1] === 0x0a) return i;
+  for (let i = from; i < end; i++) if (buf[i] === 0x0a) return i > from && buf[i - 1] === 0x0d ? i - 1 : BARE_LF;
   return -1;
 }
+
+/**
+ * findCRLF's answer when a LF without its CR ends the line: the answer fails at once (waiting for
+ * a CRLF that never comes held it to the request timeout, and counted that toward ejection).
+ */
+const BARE_LF = -2;
 
 /** parseHead results other than an offset. */
 const HEAD_INCOMPLETE = -1;
@@ -370,6 +379,10 @@ class H1Connection {
             this.chunkLine = null;
           }
           const eol = findCRLF(buf, at, end);
+          if (eol === BARE_LF) {
+            this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'a bare LF ends a chunk line'));
+            return;
+          }
           if (eol < 0) {
             if (end - at > 4096) {
               this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'chunk line too long'));
@@ -454,6 +467,10 @@ class H1Connection {
    */
   private parseHead(buf: Buffer, start: number, end: number, p: Pending): number {
     const eol = findCRLF(buf, start, end);
+    if (eol === BARE_LF) {
+      this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'a bare LF ends the status line'));
+      return HEAD_DONE;
+    }
     if (eol < 0) return HEAD_INCOMPLETE;
     // Status line: HTTP/1.x SP 3DIGIT [SP reason]
     if (eol - start < 12 || buf[start] !== 0x48 || buf[start + 1] !== 0x54 || buf[start + 2] !== 0x54 || buf[start + 3] !== 0x50 || buf[start + 4] !== 0x2f || buf[start + 5] !== 0x31 || buf[start + 6] !== 0x2e || buf[start + 8] !== 0x20) {
@@ -477,8 +494,13 @@ class H1Connection {
     let line = eol + 2;
     let headEnd: number;
     for (;;) {
-      if (line + 1 >= end) return HEAD_INCOMPLETE;
+      if (line >= end) return HEAD_INCOMPLETE;
       const first = buf[line]!;
+      if (first === 0x0a) {
+        this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'a bare LF ends the head'));
+        return HEAD_DONE;
+      }
+      if (line + 1 >= end) return HEAD_INCOMPLETE;
       if (first === 0x0d) {
         if (buf[line + 1] !== 0x0a) {
           this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad header line'));
