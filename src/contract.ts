@@ -123,3 +123,15 @@ export function hasDotSegment(path: string): boolean {
 }
 
 const DOT_SEGMENT = /(?:^|\/|\\|%2f|%5c)(?:\.|%2e){1,2}(?:(?:;|%3b)[^/\\#]*)?(?:\/|\\|%2f|%5c|#|$)/i;
+
+/**
+ * Whether a `Host` value is an authority a node may build URLs from: a registered name or IPv4
+ * address (RFC 3986 reg-name characters), or a bracketed IPv6 literal, and an optional port. Empty
+ * is not one (RFC 9110 4.2.1: an http authority needs a host), nor anything with a `/`, `?`, `#`,
+ * `@`, `\\`, a space, a quote or angle brackets. (RFC 9112 3.2: an invalid Host gets 400.)
+ */
+export function isHostAuthority(host: string): boolean {
+  return HOST_AUTHORITY.test(host);
+}
+
+const HOST_AUTHORITY = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]+)(?::[0-9]{1,5})?$/;

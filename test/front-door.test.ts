@@ -951,6 +951,20 @@ describe('front door: --forwarded-for', () => {
       const raw = await rawExchange(door.url, `POST /rpc/query.execute HTTP/1.1\r\nhost: h.example\r\nx-lakefront-board: b\r\nx-forwarded-for: 198.51.100.9\r\nx-forwarded-for: \r\nx-forwarded-for: 10.0.0.1\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}`);
       assert.match(raw, /^HTTP\/1\.1 200 /);
       assert.deepEqual(seen(), { for: '198.51.100.9, 10.0.0.1, 127.0.0.1', proto: 'http', host: 'h.example' });
+      // A Host that is not host[:port] gets 400 (RFC 9112 3.2), not passed on as x-forwarded-host:
+      // a node building a redirect from it would take a path, a space or markup in.
+      const received = nodes[0]!.received.length;
+      for (const host of ['evil.test/x?y <script>', '', 'a b', 'user@h.example', 'h.example:80x', 'h"x']) {
+        const answer = await rawExchange(door.url, `GET /rpc/query.execute HTTP/1.1\r\nhost: ${host}\r\nx-lakefront-board: b\r\nconnection: close\r\n\r\n`);
+        assert.match(answer, /^HTTP\/1\.1 400 /, JSON.stringify(host));
+        assert.match(answer, /a Host that is not host\[:port\]/, JSON.stringify(host));
+      }
+      assert.equal(nodes[0]!.received.length, received, 'none reached the node');
+      for (const host of ['h.example:8080', '10.0.0.1', '[::1]:80', 'xn--bcher-kva.example']) {
+        const answer = await rawExchange(door.url, `GET /rpc/query.execute HTTP/1.1\r\nhost: ${host}\r\nx-lakefront-board: b\r\nconnection: close\r\n\r\n`);
+        assert.match(answer, /^HTTP\/1\.1 200 /, host);
+        assert.equal(seen().host, host);
+      }
     } finally {
       await door.stop();
     }

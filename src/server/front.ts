@@ -15,6 +15,7 @@ import {
   IDEMPOTENT_HEADER,
   MAX_KEY_LENGTH,
   hasDotSegment,
+  isHostAuthority,
   isIdempotentPath,
   isSafeMethod,
 } from '../contract.js';
@@ -957,7 +958,8 @@ export class WorkerFront implements TunnelHost {
     req.forEach(scanHeader);
     // Headers the connection field names are the client's hop's only (RFC 9110 7.6.1).
     if (scan.connection !== '') dropConnectionNamed(scan.connection);
-    if (this.forwardedFor) addForwarded(this.refusing === null ? clientAddress(res) : this.refusing.client, req.getHeader('host'));
+    const authority = this.forwardedFor ? req.getHeader('host') : '';
+    if (this.forwardedFor) addForwarded(this.refusing === null ? clientAddress(res) : this.refusing.client, authority);
     // Which of two lengths frames the body, or whether a transfer-encoding whose last coding is
     // not chunked frames it at all, is the request smuggler's question (RFC 9112 6.3): before
     // anything else, the connection is closed (framing.ts). uWS reads such a body as chunked.
@@ -969,6 +971,11 @@ export class WorkerFront implements TunnelHost {
     // Two hosts (RFC 9112 3.2), or two keys: which one the node would read is anyone's guess.
     if (scan.doubled !== '') {
       this.refuse(res, 400, errorBody(`more than one ${scan.doubled} header`, ErrorCodes.BAD_REQUEST), this.draining, null, head);
+      return;
+    }
+    // Passed on as x-forwarded-host, a Host must be one (a node may build redirects from it).
+    if (this.forwardedFor && !isHostAuthority(authority)) {
+      this.refuse(res, 400, errorBody('a Host that is not host[:port] is not forwarded (x-forwarded-host)', ErrorCodes.BAD_REQUEST), this.draining, null, head);
       return;
     }
     const headers = scan.headers;

@@ -27,7 +27,7 @@
 import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
-import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
+import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment, isHostAuthority } from '../contract.js';
 import { RouteMatcher, respelledRoute } from './route-match.js';
 import { MAX_CANDIDATES, isGatewayFailure, retryAfterSeconds, soonerWait } from '../forward/exchange.js';
 import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
@@ -241,15 +241,14 @@ export class WebSocketTunnels {
     });
     // Headers the connection field names are the client's hop's only (RFC 9110 7.6.1).
     for (const name of connectionNamed(connection) ?? []) delete headers[name];
+    const authority = host.forwardedFor ? req.getHeader('host') : '';
     if (host.forwardedFor) {
       // As for a request (front.ts): the client's own list, then its address.
       const client = clientAddress(res);
       const list = headers['x-forwarded-for'];
       headers['x-forwarded-for'] = list === undefined || list.trim() === '' ? client : `${list}, ${client}`;
       headers['x-forwarded-proto'] = 'http';
-      const authority = req.getHeader('host');
-      if (authority !== '') headers['x-forwarded-host'] = authority;
-      else delete headers['x-forwarded-host'];
+      headers['x-forwarded-host'] = authority;
     }
     if (host.draining) {
       host.refuse(res, 503, errorBody('the front door is shutting down', ErrorCodes.SHUTTING_DOWN), true);
@@ -258,6 +257,10 @@ export class WebSocketTunnels {
     // As for a plain request (front.ts): which of two the node would read is anyone's guess.
     if (hosts > 1 || keys > 1) {
       host.refuse(res, 400, errorBody(`more than one ${hosts > 1 ? 'host' : keyHeader} header`, ErrorCodes.BAD_REQUEST), false);
+      return;
+    }
+    if (host.forwardedFor && !isHostAuthority(authority)) {
+      host.refuse(res, 400, errorBody('a Host that is not host[:port] is not forwarded (x-forwarded-host)', ErrorCodes.BAD_REQUEST), false);
       return;
     }
     if (keyHeader !== null && key === '') {
