@@ -1620,6 +1620,35 @@ describe('front door: start-up', () => {
     }
   });
 
+  it("says connection: close on the answer to a client that asked for it (RFC 9112 9.6), as uWS then closes", async () => {
+    const nodes = await startNodes('cc-a');
+    const door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [RPC_ROUTE],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({}),
+    });
+    try {
+      for (const [method, connection] of [['POST', 'close'], ['HEAD', 'Close'], ['POST', 'x-trace, close']] as const) {
+        const raw = await rawExchange(door.url, `${method} /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ncontent-length: 2\r\nconnection: ${connection}\r\n\r\n{}`);
+        assert.match(raw, /^HTTP\/1\.1 200 /, `${method} ${connection}`);
+        assert.match(raw, /\r\nconnection: close\r\n/i, `${method} ${connection}`);
+      }
+      // Kept alive: no such line, and the connection serves the next request.
+      const { answers, closed } = await inTurn(door.port, ['POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ncontent-length: 2\r\n\r\n{}', 'GET /health HTTP/1.1\r\nhost: x\r\n\r\n']);
+      assert.equal(answers.length, 2);
+      assert.doesNotMatch(answers[0]!, /\r\nconnection: close\r\n/i);
+      assert.equal(closed, false);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
   it('picks another free port when something takes the one it chose before the workers bind it', async () => {
     // The race: the port found free is taken between the check and the workers' bind.
     const close = Server.prototype.close;

@@ -8,7 +8,7 @@
  */
 import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
-import type { HttpRequest, HttpResponse, TemplatedApp, us_listen_socket } from 'uWebSockets.js';
+import type { HttpRequest, HttpResponse, RecognizedString, TemplatedApp, us_listen_socket } from 'uWebSockets.js';
 import {
   DEFAULT_WS_PING_MS,
   HEDGED_HEADER,
@@ -73,15 +73,25 @@ function replyJson(res: HttpResponse, status: number, body: string, close = fals
  * never carries the body (a client would take it for a next answer), only its length; one that
  * should close says so, and the client closes (see endHeadAnswer).
  */
-function endJson(res: HttpResponse, body: string, close: boolean, head: boolean): number {
+function endJson(res: HttpResponse, body: string, close: boolean, head: boolean, clientClosed = false): number {
   const bytes = Buffer.byteLength(body);
   if (head) {
     res.writeHeader('content-length', String(bytes));
     endHeadAnswer(res, close);
     return 0;
   }
-  res.end(body, close);
+  endBody(res, body, close, clientClosed);
   return bytes;
+}
+
+/**
+ * Ends an answer with its body. `close`: the connection ends with it; uWS then says
+ * `connection: close`, except to a client that said it first (it closes, but does not answer in
+ * kind): the front door says it there (`clientClosed`; RFC 9112 9.6 asks for it).
+ */
+function endBody(res: HttpResponse, body: RecognizedString, close: boolean, clientClosed: boolean): void {
+  if (clientClosed) res.writeHeader('connection', 'close');
+  res.end(body, close);
 }
 
 /** A 204 or 304: no body, and no content-length (a 304's would be the 200's, not known here). */
@@ -97,6 +107,9 @@ function bodiless(status: number): boolean {
  * next request over it (uWS 20.30 cannot end a HEAD answer and close: `endWithoutBody(undefined,
  * true)` leaves it unfinished); a draining front door closes it with the rest.
  */
+/** A `connection` field value that lists `close`. */
+const CLOSE_TOKEN = /(?:^|,)[ \t]*close[ \t]*(?:,|$)/i;
+
 function endHeadAnswer(res: HttpResponse, closing: boolean): void {
   if (closing) res.writeHeader('connection', 'close');
   res.endWithoutBody();
@@ -147,6 +160,8 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   arrival: Arrival | null = null;
   /** The body of a failure answer, in bytes (for the access log). */
   private failureBytes = 0;
+  /** The client said `connection: close`: the answer says it too (RFC 9112 9.6), as uWS then closes. */
+  closes = false;
 
   constructor(
     private readonly front: WorkerFront,
@@ -320,7 +335,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const exchange = this.exchange!;
     const runtime = this.route.runtime;
     const res = this.res;
-    const close = this.front.draining;
+    const close = this.front.draining || this.closes;
     const failure = exchange.failure;
     if (failure !== null) {
       const attempted: string[] = [];
@@ -333,7 +348,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
         .writeHeader('content-type', JSON_TYPE)
         .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0');
       if (failure.code === ErrorCodes.NODES_SHEDDING) res.writeHeader('retry-after', String(exchange.retryAfter));
-      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, detail), close, this.method === 'HEAD');
+      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, detail), close, this.method === 'HEAD', this.closes);
       return;
     }
     // uWS writes `200 OK` itself when no status was written: one native call fewer for most.
@@ -350,17 +365,17 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     // uWS writes its own content-length; for HEAD the node's is relayed instead (see relay.ts),
     // and a 204 or 304 has none (RFC 9110 8.6).
     if (isHead || bodiless(exchange.status)) endHeadAnswer(res, close);
-    else res.end(exchange.body!, close);
+    else endBody(res, exchange.body!, close, this.closes);
   }
 
   private writeReplicated(call: ReplicatedCall): void {
     const res = this.res;
-    const close = this.front.draining;
+    const close = this.front.draining || this.closes;
     const failure = call.failure;
     const runtime = this.route.runtime;
     if (failure !== null) {
       res.writeStatus(statusBytes(failure.status)).writeHeader('content-type', JSON_TYPE);
-      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close, this.method === 'HEAD');
+      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close, this.method === 'HEAD', this.closes);
       return;
     }
     runtime.won(call.servedBy);
@@ -369,7 +384,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const isHead = this.method === 'HEAD';
     writeRelayedHeaders(res, call.headers, runtime.answerLines[2 * call.servedBy]!, isHead);
     if (isHead || bodiless(call.status)) endHeadAnswer(res, close);
-    else res.end(call.body!, close);
+    else endBody(res, call.body!, close, this.closes);
   }
 
   /** The drain deadline passed with this request unanswered: answer it before connections close. */
@@ -1075,6 +1090,7 @@ export class WorkerFront implements TunnelHost {
     }
     this.slot.bump(C_REQUESTS);
     const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region, turn);
+    if (scan.connection !== '' && CLOSE_TOKEN.test(scan.connection)) request.closes = true;
     if (this.refusing !== null) {
       request.arrival = this.refusing;
       this.refusing = null;
