@@ -1546,16 +1546,7 @@ describe('front door: start-up', () => {
 
   it('refuses a path with a dot segment on a plain route: /public/../admin must not reach the node behind /public/*', async () => {
     const nodes = await startNodes('pub-a');
-    const door = await FrontDoor.start({
-      host: '127.0.0.1',
-      port: 0,
-      threads: 1,
-      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [{ pattern: '/public/*', cluster: 'default', policy: 'round_robin', keyHeader: null }, RPC_ROUTE],
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      settings: defaultSettings({}),
-    });
+    const door = await FrontDoor.start(doorConfig(nodes, {}, { routes: [{ pattern: '/public/*', cluster: 'default', policy: 'round_robin', keyHeader: null }, RPC_ROUTE] }));
     try {
       // Raw bytes: fetch and undici would resolve the segments before sending.
       const paths = ['/public/../admin', '/public/./x', '/public/%2e%2e/admin', '/public/.%2E;v=1/admin', '/public/x%2F..%2F..%2Fadmin', '/public/..\\admin', '/public/x/..', '/public/..#x', '/public/x/.%2e#', '/rpc/board.append/../board.delete'];
@@ -1622,16 +1613,7 @@ describe('front door: start-up', () => {
 
   it("says connection: close on the answer to a client that asked for it (RFC 9112 9.6), as uWS then closes", async () => {
     const nodes = await startNodes('cc-a');
-    const door = await FrontDoor.start({
-      host: '127.0.0.1',
-      port: 0,
-      threads: 1,
-      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [RPC_ROUTE],
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      settings: defaultSettings({}),
-    });
+    const door = await FrontDoor.start(doorConfig(nodes));
     try {
       for (const [method, connection] of [['POST', 'close'], ['HEAD', 'Close'], ['POST', 'x-trace, close']] as const) {
         const raw = await rawExchange(door.url, `${method} /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ncontent-length: 2\r\nconnection: ${connection}\r\n\r\n{}`);
