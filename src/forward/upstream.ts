@@ -375,7 +375,7 @@ class DispatchAttempt extends CancellableAttempt {
   onResponseStarted(): void {}
 
   onUpgrade(): void {
-    this.onError(new Error(UNEXPECTED_UPGRADE));
+    this.onError(new H1Error(H1Codes.BAD_RESPONSE, 'unexpected upgrade from upstream'));
   }
 }
 
@@ -389,12 +389,10 @@ export function undiciFailure(err: Error, neverOnSocket: boolean): Error & { cod
   let code = (err as { code?: unknown }).code;
   // undici 7.30's parser errors carry no code (it looks the parser's number up in a map of
   // names): a malformed answer is the h1 client's BAD_RESPONSE, and counts toward ejection as
-  // there; so does an upgrade nobody asked for.
-  if (typeof code !== 'string' && (err.name === 'HTTPParserError' || err.message === UNEXPECTED_UPGRADE)) code = H1Codes.BAD_RESPONSE;
+  // there.
+  if (typeof code !== 'string' && err.name === 'HTTPParserError') code = H1Codes.BAD_RESPONSE;
   return Object.assign(new Error(err.message, { cause: err }), { code, unsent: neverOnSocket });
 }
-
-const UNEXPECTED_UPGRADE = 'unexpected upgrade from upstream';
 
 class UndiciTransport implements NodeTransport {
   readonly pool: Pool;

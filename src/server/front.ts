@@ -99,6 +99,9 @@ function bodiless(status: number): boolean {
   return status === 204 || status === 304;
 }
 
+/** A `connection` field value that lists `close`. */
+const CLOSE_TOKEN = /(?:^|,)[ \t]*close[ \t]*(?:,|$)/i;
+
 /**
  * Ends a HEAD answer, its content-length already written as a header line (or a 204 or 304,
  * with none): `endWithoutBody()` with no argument (uWS 20.30 leaves an answer given a length
@@ -107,9 +110,6 @@ function bodiless(status: number): boolean {
  * next request over it (uWS 20.30 cannot end a HEAD answer and close: `endWithoutBody(undefined,
  * true)` leaves it unfinished); a draining front door closes it with the rest.
  */
-/** A `connection` field value that lists `close`. */
-const CLOSE_TOKEN = /(?:^|,)[ \t]*close[ \t]*(?:,|$)/i;
-
 function endHeadAnswer(res: HttpResponse, closing: boolean): void {
   if (closing) res.writeHeader('connection', 'close');
   res.endWithoutBody();
@@ -807,7 +807,7 @@ export class WorkerFront implements TunnelHost {
       });
     }
     // WebSocket handshakes on a proxied route become tunnels; uWS passes any other request on.
-    this.tunnels.mount(app, this.routes);
+    this.tunnels.mount(app, this.routes, this.respellings);
     for (const route of this.routes) app.any(route.spec.pattern, (res, req) => this.proxy(route, res, req));
     // The 404 for everything else, unless a route takes every path (uWS refuses the same
     // pattern twice: "Internal routing error").

@@ -28,7 +28,7 @@ import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import type { HttpRequest, HttpResponse, TemplatedApp, WebSocket as ClientSocket, us_socket_context_t } from 'uWebSockets.js';
 import { DROPPED_REQUEST_HEADERS, MAX_KEY_LENGTH, SERVED_BY_HEADER, hasDotSegment, isHostAuthority } from '../contract.js';
-import { RouteMatcher, respelledRoute } from './route-match.js';
+import { respelledRoute, type RouteMatcher } from './route-match.js';
 import { MAX_CANDIDATES, isGatewayFailure, retryAfterSeconds, soonerWait } from '../forward/exchange.js';
 import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { connectionNamed } from '../forward/fields.js';
@@ -141,9 +141,12 @@ export class WebSocketTunnels {
     this.origins = host.nodes.map((node) => new URL(node.url).origin.replace(/^http/, 'ws'));
   }
 
-  /** Takes WebSocket handshakes on every proxied route; other requests fall through to `any`. */
-  mount(app: TemplatedApp, routes: readonly TunnelRoute[]): void {
-    this.respellings = routes.length > 1 ? new RouteMatcher(routes.map((r) => ({ pattern: r.spec.pattern, value: r }))) : null;
+  /**
+   * Takes WebSocket handshakes on every proxied route; other requests fall through to `any`.
+   * `respellings`: the front door's routes by pattern (null: one route), read as for requests.
+   */
+  mount(app: TemplatedApp, routes: readonly TunnelRoute[], respellings: RouteMatcher<TunnelRoute> | null): void {
+    this.respellings = respellings;
     for (const route of routes) {
       // A replicated route's requests go to several replicas at once: no tunnel to one of them
       // (its plain handler refuses the handshake).
