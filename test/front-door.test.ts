@@ -1631,6 +1631,44 @@ describe('front door: start-up', () => {
     }
   });
 
+  it("says connection: close on its own answers too (refusals, its endpoints) to a client that asked for it, and on no other", async () => {
+    const nodes = await startNodes('cc-b');
+    const door = await FrontDoor.start(doorConfig(nodes, { maxBodyBytes: 16 }));
+    const chunked = `POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n20\r\n${'x'.repeat(32)}\r\n0\r\n\r\n`;
+    try {
+      const cases: [string, string, number][] = [
+        ['a refusal before routing (no board)', 'POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}', 401],
+        ['a declared body over the limit', 'POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ncontent-length: 17\r\nconnection: close\r\n\r\n' + 'x'.repeat(17), 413],
+        ['a chunked body over the limit (refused as it arrives)', chunked, 413],
+        ['the 404', 'GET /nowhere HTTP/1.1\r\nhost: x\r\nconnection: keep-alive, close\r\n\r\n', 404],
+        ['an endpoint', 'GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n', 200],
+        ['an endpoint, HEAD', 'HEAD /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n', 200],
+        ["an endpoint's 405", 'POST /health HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n', 405],
+        ["an endpoint's 400", 'GET /route HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n', 400],
+        ['/stats (answered once the control plane replies)', 'GET /stats HTTP/1.1\r\nhost: x\r\nconnection: Close\r\n\r\n', 200],
+      ];
+      for (const [what, request, status] of cases) {
+        // Resolves once the front door closes the connection (the test does not).
+        const raw = await rawExchange(door.url, request);
+        assert.match(raw, new RegExp(`^HTTP/1\\.1 ${status} `), what);
+        assert.match(raw, /\r\nconnection: close\r\n/i, what);
+      }
+      // Asked for by none: no such line on the same kinds of answer, and the connection lives on.
+      const { answers, closed } = await inTurn(door.port, [
+        'POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}',
+        'GET /nowhere HTTP/1.1\r\nhost: x\r\n\r\n',
+        'GET /stats HTTP/1.1\r\nhost: x\r\n\r\n',
+        'GET /health HTTP/1.1\r\nhost: x\r\n\r\n',
+      ]);
+      assert.equal(closed, false);
+      assert.deepEqual(answers.map((a) => a.slice(0, 12)), ['HTTP/1.1 401', 'HTTP/1.1 404', 'HTTP/1.1 200', 'HTTP/1.1 200']);
+      for (const answer of answers) assert.doesNotMatch(answer, /\r\nconnection: close\r\n/i);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
   it('picks another free port when something takes the one it chose before the workers bind it', async () => {
     // The race: the port found free is taken between the check and the workers' bind.
     const close = Server.prototype.close;

@@ -60,11 +60,11 @@ export type ExtraHeader = readonly [name: string, value: string];
  * line (a 405's `allow`). `head`: the answer to a HEAD request, which says the body's length and
  * sends none.
  */
-function replyJson(res: HttpResponse, status: number, body: string, close = false, extra: ExtraHeader | null = null, head = false): void {
+function replyJson(res: HttpResponse, status: number, body: string, close = false, extra: ExtraHeader | null = null, head = false, clientClosed = false): void {
   res.cork(() => {
     res.writeStatus(statusBytes(status)).writeHeader('content-type', JSON_TYPE);
     if (extra !== null) res.writeHeader(extra[0], extra[1]);
-    endJson(res, body, close, head);
+    endJson(res, body, close, head, clientClosed);
   });
 }
 
@@ -77,7 +77,7 @@ function endJson(res: HttpResponse, body: string, close: boolean, head: boolean,
   const bytes = Buffer.byteLength(body);
   if (head) {
     res.writeHeader('content-length', String(bytes));
-    endHeadAnswer(res, close);
+    endHeadAnswer(res, close || clientClosed);
     return 0;
   }
   endBody(res, body, close, clientClosed);
@@ -101,6 +101,11 @@ function bodiless(status: number): boolean {
 
 /** A `connection` field value that lists `close`. */
 const CLOSE_TOKEN = /(?:^|,)[ \t]*close[ \t]*(?:,|$)/i;
+
+/** Whether a `connection` field value (as read, '' for none) lists `close`. */
+function listsClose(connection: string): boolean {
+  return connection !== '' && CLOSE_TOKEN.test(connection);
+}
 
 /**
  * Ends a HEAD answer, its content-length already written as a header line (or a 204 or 304,
@@ -399,6 +404,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   private reject(status: number, body: string, close: boolean): void {
     this.answered = true;
+    if (this.closes) this.front.closeAsked(this.res);
     this.front.refuse(this.res, status, body, close, null, this.method === 'HEAD', this.arrival);
     this.finish();
   }
@@ -494,7 +500,7 @@ export class WorkerFront implements TunnelHost {
   private readonly respellings: RouteMatcher<BoundRoute> | null;
   private readonly histograms: NodeHistograms;
   /** `/stats` requests waiting for the control plane, and whether each is a HEAD. */
-  private readonly pendingStats = new Map<number, { res: HttpResponse; head: boolean }>();
+  private readonly pendingStats = new Map<number, { res: HttpResponse; head: boolean; closes: boolean }>();
   /** Proxied requests not yet answered or aborted. */
   private active = 0;
   /** Unfinished requests, newest first (an intrusive list: no allocation per request). */
@@ -640,7 +646,7 @@ export class WorkerFront implements TunnelHost {
     const pending = this.pendingStats.get(id);
     if (!pending) return;
     this.pendingStats.delete(id);
-    replyJson(pending.res, 200, body, this.draining, null, pending.head);
+    replyJson(pending.res, 200, body, this.draining, null, pending.head, pending.closes);
   }
 
   /** @internal A new request joins the list of unfinished ones. */
@@ -736,8 +742,8 @@ export class WorkerFront implements TunnelHost {
     // been applied) before the connections close.
     while (this.unfinished !== null) this.unfinished.shutDown();
     // So does a /stats request still waiting for the control plane.
-    for (const { res, head } of this.pendingStats.values()) {
-      replyJson(res, 503, errorBody('the front door shut down before the statistics arrived', ErrorCodes.SHUTTING_DOWN), true, null, head);
+    for (const { res, head, closes } of this.pendingStats.values()) {
+      replyJson(res, 503, errorBody('the front door shut down before the statistics arrived', ErrorCodes.SHUTTING_DOWN), true, null, head, closes);
     }
     this.pendingStats.clear();
     this.closeApp();
@@ -796,12 +802,25 @@ export class WorkerFront implements TunnelHost {
       ['/route', (res, req, head) => this.routeInfo(res, req, head)],
       ['/stats', (res, _req, head) => this.stats(res, head)],
     ];
+    // Not the hot path: each checks its framing with a pass of its own (see framing.ts), and
+    // reads the connection field for an answer that echoes a close.
+    const answer = (res: HttpResponse, req: HttpRequest): boolean => {
+      if (framingInDoubt(req)) {
+        this.dropFraming(res);
+        return false;
+      }
+      if (listsClose(req.getHeader('connection'))) this.askedClose = res;
+      return true;
+    };
     for (const [path, handler] of own) {
-      // Not the hot path: each checks its framing with a pass of its own (see framing.ts).
-      app.get(path, (res, req) => (framingInDoubt(req) ? this.dropFraming(res) : handler(res, req, false)));
-      app.head(path, (res, req) => (framingInDoubt(req) ? this.dropFraming(res) : handler(res, req, true)));
+      app.get(path, (res, req) => {
+        if (answer(res, req)) handler(res, req, false);
+      });
+      app.head(path, (res, req) => {
+        if (answer(res, req)) handler(res, req, true);
+      });
       app.any(path, (res, req) => {
-        if (framingInDoubt(req)) return this.dropFraming(res);
+        if (!answer(res, req)) return;
         const method = req.getCaseSensitiveMethod();
         this.refuse(res, 405, errorBody(`${path} answers GET and HEAD, not ${method}`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, ['allow', OWN_METHODS]);
       });
@@ -814,7 +833,7 @@ export class WorkerFront implements TunnelHost {
     if (!this.routes.some((r) => r.spec.pattern === '/*')) {
       app.any('/*', (res, req) => {
         if (this.accessLog !== null) this.mayRefuse(null, req.getCaseSensitiveMethod(), req.getUrl(), clientAddress(res));
-        if (framingInDoubt(req)) return this.dropFraming(res);
+        if (!answer(res, req)) return;
         this.refuse(res, 404, errorBody('not found', ErrorCodes.NOT_FOUND), this.draining, null, req.getMethod() === 'head');
       });
     }
@@ -836,7 +855,7 @@ export class WorkerFront implements TunnelHost {
     this.refresh();
     const healthy: string[] = [];
     for (const runtime of this.runtimes) healthy.push(...this.healthyIds(runtime));
-    replyJson(res, 200, JSON.stringify({ ok: true, healthy }), this.draining, null, head);
+    replyJson(res, 200, JSON.stringify({ ok: true, healthy }), this.draining, null, head, this.tookClose(res));
   }
 
   private routeInfo(res: HttpResponse, req: HttpRequest, head: boolean): void {
@@ -845,20 +864,20 @@ export class WorkerFront implements TunnelHost {
     // other board, and would answer for it.
     const query = parseQuery(req.getQuery() ?? '');
     if (typeof query === 'string') {
-      replyJson(res, 400, errorBody(query, ErrorCodes.BAD_REQUEST), this.draining, null, head);
+      replyJson(res, 400, errorBody(query, ErrorCodes.BAD_REQUEST), this.draining, null, head, this.tookClose(res));
       return;
     }
     const board = query.get('board');
     const clusterName = query.get('cluster');
     if (!board) {
-      replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST), this.draining, null, head);
+      replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST), this.draining, null, head, this.tookClose(res));
       return;
     }
     const pattern = query.get('route');
     const route = pattern ? this.routes.find((r) => r.spec.pattern === pattern) : clusterName ? this.routes.find((r) => r.runtime.name === clusterName) : this.routes[0];
     if (!route) {
       const what = pattern ? `route "${pattern}"` : `cluster "${clusterName}"`;
-      replyJson(res, 404, errorBody(`unknown ${what}`, ErrorCodes.NOT_FOUND), this.draining, null, head);
+      replyJson(res, 404, errorBody(`unknown ${what}`, ErrorCodes.NOT_FOUND), this.draining, null, head, this.tookClose(res));
       return;
     }
     const runtime = route.runtime;
@@ -876,12 +895,12 @@ export class WorkerFront implements TunnelHost {
       for (let i = 0; i < count; i++) replicas.push({ id: runtime.ids[this.rankScratch[i]!]!, healthy: runtime.isRoutable(this.rankScratch[i]!) });
       answer.replicas = replicas;
     }
-    replyJson(res, 200, JSON.stringify(answer), this.draining, null, head);
+    replyJson(res, 200, JSON.stringify(answer), this.draining, null, head, this.tookClose(res));
   }
 
   private stats(res: HttpResponse, head: boolean): void {
     const id = this.nextStatsId++;
-    this.pendingStats.set(id, { res, head });
+    this.pendingStats.set(id, { res, head, closes: this.tookClose(res) });
     res.onAborted(() => this.pendingStats.delete(id));
     this.hooks.requestStats(id);
   }
@@ -902,9 +921,29 @@ export class WorkerFront implements TunnelHost {
    */
   refuse(res: HttpResponse, status: number, body: string, close: boolean, extra: ExtraHeader | null = null, head = false, arrival = this.refusing): void {
     this.slot.bump(C_REJECTED);
-    replyJson(res, status, body, close, extra, head);
+    replyJson(res, status, body, close, extra, head, this.tookClose(res));
     this.refusing = null;
     if (arrival !== null) this.logRequest(arrival, status, null, 0, false, head ? 0 : body.length, errorCodeOf(body));
+  }
+
+  /**
+   * The response object of the last request that said `connection: close` and may yet get an
+   * answer of the front door's own: that answer says it too (RFC 9112 9.6; uWS closes such a
+   * connection, but writes the header only where it alone decides to close). Kept by response
+   * object, so it never carries over to another request.
+   */
+  private askedClose: HttpResponse | null = null;
+
+  /** @internal The request `res` answers said `connection: close` (see `askedClose`). */
+  closeAsked(res: HttpResponse): void {
+    this.askedClose = res;
+  }
+
+  /** Whether the request `res` answers said `connection: close`; forgets it. */
+  private tookClose(res: HttpResponse): boolean {
+    if (this.askedClose !== res) return false;
+    this.askedClose = null;
+    return true;
   }
 
   /**
@@ -915,6 +954,7 @@ export class WorkerFront implements TunnelHost {
   dropFraming(res: HttpResponse, arrival = this.refusing): void {
     this.slot.bump(C_REJECTED);
     this.refusing = null;
+    this.askedClose = null;
     res.close();
     if (arrival !== null) this.logRequest(arrival, 400, null, 0, false, 0, ErrorCodes.BAD_REQUEST);
   }
@@ -972,7 +1012,12 @@ export class WorkerFront implements TunnelHost {
     scan.begin(keyHeader ?? '', tickets === null ? '' : tickets.header);
     req.forEach(scanHeader);
     // Headers the connection field names are the client's hop's only (RFC 9110 7.6.1).
-    if (scan.connection !== '') dropConnectionNamed(scan.connection);
+    let closes = false;
+    if (scan.connection !== '') {
+      dropConnectionNamed(scan.connection);
+      closes = listsClose(scan.connection);
+      if (closes) this.askedClose = res;
+    }
     const authority = this.forwardedFor ? req.getHeader('host') : '';
     if (this.forwardedFor) addForwarded(this.refusing === null ? clientAddress(res) : this.refusing.client, authority);
     // Which of two lengths frames the body, or whether a transfer-encoding whose last coding is
@@ -1090,7 +1135,10 @@ export class WorkerFront implements TunnelHost {
     }
     this.slot.bump(C_REQUESTS);
     const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region, turn);
-    if (scan.connection !== '' && CLOSE_TOKEN.test(scan.connection)) request.closes = true;
+    if (closes) {
+      request.closes = true;
+      this.askedClose = null;
+    }
     if (this.refusing !== null) {
       request.arrival = this.refusing;
       this.refusing = null;
