@@ -788,4 +788,14 @@ describe('HedgeBudget', () => {
     for (let i = 0; i < 100; i++) budget.deposit();
     assert.equal(budget.spend(), false);
   });
+
+  it('a setting of 100% is no budget: every hedge may fire, with no requests between, none waits, losing does not shrink it', () => {
+    const budget = HedgeBudget.forSetting(100);
+    for (let i = 0; i < 50; i++) budget.outcome(false);
+    for (let i = 0; i < 1_000; i++) {
+      assert.equal(budget.affordable, true);
+      assert.equal(budget.spend(false), true);
+    }
+    assert.equal(budget.waits, false);
+  });
 });

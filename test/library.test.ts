@@ -127,16 +127,19 @@ describe('Router (in process, over fetch)', () => {
   it('hedges a slow read and counts it', async () => {
     const [primary, second] = router.route('lib-hedge');
     node(primary!.id).behaviour = { kind: 'answer', delayMs: 3_000 };
-    const before = router.counters;
+    const counters = router.counters;
+    const before = { ...counters };
     const result = await router.forward('lib-hedge', '/rpc/query.execute', '{}');
     node(primary!.id).behaviour = { kind: 'answer' };
     assert.equal(result.servedBy, second!.id);
     assert.equal(result.hedged, true);
     assert.deepEqual(result.attempted, [primary!.id, second!.id]);
-    const now = router.counters;
-    assert.equal(now.requests - before.requests, 1);
-    assert.equal(now.hedges - before.hedges, 1);
-    assert.equal(now.hedgeWins - before.hedgeWins, 1);
+    // Running totals (seed 001): the object taken before the call has moved on with it.
+    assert.equal(router.counters, counters);
+    assert.equal(counters.requests - before.requests, 1);
+    assert.equal(counters.hedges - before.hedges, 1);
+    assert.equal(counters.hedgeWins - before.hedgeWins, 1);
+    assert.throws(() => ((counters as { requests: number }).requests = 0), TypeError);
   });
 
   it('gives a bare write one attempt and says the outcome is unknown when it fails', async () => {
@@ -171,6 +174,24 @@ describe('Router (in process, over fetch)', () => {
     assert.equal(result.status, 200);
     assert.equal(result.servedBy, second!.id);
     assert.equal(router.counters.failovers - before, 1);
+  });
+
+  it('with hedgeBudgetPercent 100 hedges every slow read of a burst at its trigger (no budget, as seed 001)', async () => {
+    const unbudgeted = new Router({ membership: router.membership, hedgeDelayMs: 40, hedgeBudgetPercent: 100 });
+    const [primary, second] = unbudgeted.route('lib-burst');
+    node(primary!.id).behaviour = { kind: 'answer', delayMs: 3_000 };
+    try {
+      const results = await Promise.all(Array.from({ length: 16 }, () => unbudgeted.forward('lib-burst', '/rpc/query.execute', '{}')));
+      assert.deepEqual(
+        results.map((r) => [r.hedged, r.servedBy]),
+        results.map(() => [true, second!.id]),
+      );
+      // At the trigger, not at twice it or later: well before the stalled node's 3 s.
+      for (const r of results) assert.ok(r.latencyMs < 1_500, `answered after ${r.latencyMs} ms`);
+      assert.equal(unbudgeted.counters.hedges, 16);
+    } finally {
+      node(primary!.id).behaviour = { kind: 'answer' };
+    }
   });
 
   it('records latency samples per node for the hedge trigger', async () => {

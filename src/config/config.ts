@@ -46,7 +46,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'hedge-mode', env: 'LAKEFRONT_HEDGE_MODE', value: 'percentile|fixed|off', help: "when reads hedge: at the node's own percentile, always at --hedge-ms, or never [percentile]" },
   { flag: 'hedge-ms', env: 'LAKEFRONT_HEDGE_MS', value: 'ms', help: 'hedge delay before a node has 8 latency samples [250]' },
   { flag: 'hedge-percentile', env: 'LAKEFRONT_HEDGE_PERCENTILE', value: 'p', help: "percentile of a node's own latency that triggers a hedge [95]" },
-  { flag: 'hedge-budget-percent', env: 'LAKEFRONT_HEDGE_BUDGET_PERCENT', value: 'p', help: 'hedges may not exceed this share of retryable requests; less while hedges seldom win [5]' },
+  { flag: 'hedge-budget-percent', env: 'LAKEFRONT_HEDGE_BUDGET_PERCENT', value: 'p', help: 'hedges may not exceed this share of retryable requests; less while hedges seldom win; 100: no budget [5]' },
   { flag: 'health-interval-ms', env: 'LAKEFRONT_HEALTH_INTERVAL_MS', value: 'ms', help: 'health-poll interval [1000]' },
   { flag: 'health-timeout-ms', env: 'LAKEFRONT_HEALTH_TIMEOUT_MS', value: 'ms', help: 'health-probe deadline [500]' },
   { flag: 'unreachable-hold-ms', env: 'LAKEFRONT_UNREACHABLE_HOLD_MS', value: 'ms', help: 'a node a request could not reach (connection refused, or not made in time) is out of every ranking this long, then until a health probe passes [3000]' },

@@ -44,6 +44,11 @@
  * (bench/RESULTS.md, hedging): p99.9 median 10.8 -> 6.5 ms over ten runs of each build side by
  * side, runs at 26 ms or more 4 -> 1, for the same extra load (19 -> 7 ms over the 16-25 runs of
  * the experiments before).
+ *
+ * A setting of 100% is no budget at all (`forSetting`): every request whose trigger passes is
+ * hedged at once, however many do at a time and whether hedges win or not (seed 001's hedging,
+ * which has no budget). A budget of 100% still capped a burst at its saved tokens: of 16 reads
+ * stalled together, 6 were hedged at their trigger, 4 at twice it and 6 never.
  */
 import { performance } from 'node:perf_hooks';
 
@@ -85,6 +90,8 @@ const FULL_BUDGET_WIN_RATE = 0.2;
 const MIN_BUDGET_SCALE = 0.1;
 
 export class HedgeBudget {
+  /** No budget (see above): every hedge may fire; nothing below is consulted. */
+  private readonly unlimited: boolean;
   private tokens: number;
   private readonly perRequest: number;
   private readonly burst: number;
@@ -114,7 +121,13 @@ export class HedgeBudget {
   /** Tokens a hedge due at its trigger leaves for the waiting list, while the list is in use. */
   private readonly reserve: number;
 
-  constructor(percent: number, burst = 10, reserve = Math.floor(burst * RESERVE_SHARE)) {
+  /** The budget a `--hedge-budget-percent` (`hedgeBudgetPercent`) setting asks for: 100 is none. */
+  static forSetting(percent: number): HedgeBudget {
+    return new HedgeBudget(percent, undefined, undefined, percent >= 100);
+  }
+
+  constructor(percent: number, burst = 10, reserve = Math.floor(burst * RESERVE_SHARE), unlimited = false) {
+    this.unlimited = unlimited;
     this.perRequest = percent / 100;
     this.burst = burst;
     this.tokens = burst;
@@ -128,6 +141,7 @@ export class HedgeBudget {
 
   /** A retryable request arrived. */
   deposit(): void {
+    if (this.unlimited) return;
     const next = this.tokens + this.perRequest * this.inForce;
     this.tokens = next > this.burst ? this.burst : next;
     if (this.waitLive > 0) this.serve();
@@ -138,7 +152,7 @@ export class HedgeBudget {
    * is in force (hedges win often enough). Below that, hedges mostly lose and waiting is waste.
    */
   get waits(): boolean {
-    return this.inForce === 1 && this.perRequest > 0;
+    return this.inForce === 1 && this.perRequest > 0 && !this.unlimited;
   }
 
   /** Requests waiting for a token. */
@@ -280,7 +294,7 @@ export class HedgeBudget {
 
   /** Whether a token is there now (nothing spent): a hedge timer is worth arming. */
   get affordable(): boolean {
-    return this.tokens >= 1;
+    return this.unlimited || this.tokens >= 1;
   }
 
   /**
@@ -289,6 +303,7 @@ export class HedgeBudget {
    * it too may take the last: nobody is kept waiting then).
    */
   spend(fromList = false): boolean {
+    if (this.unlimited) return true;
     const floor = fromList || !this.waits ? 1 : 1 + this.reserve;
     if (this.tokens < floor) return false;
     this.tokens -= 1;

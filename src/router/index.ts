@@ -23,7 +23,7 @@ export interface RouteOptions {
   readonly port?: number;
   /** Fallback hedge delay before a node has 8+ latency samples of its own. Default 250. */
   readonly hedgeDelayMs?: number;
-  /** Hedges may not exceed this share of retryable requests, in percent (0-100). Default 5. */
+  /** Hedges may not exceed this share of retryable requests, in percent (0-100). Default 5; 100: no budget. */
   readonly hedgeBudgetPercent?: number;
   /** Health-poll interval. Default 1000. */
   readonly healthIntervalMs?: number;

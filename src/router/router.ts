@@ -27,7 +27,7 @@ export interface RouterOptions {
   readonly hedgeAfterPercentile?: number;
   /** An attempt that takes longer counts as failed. Default 10,000. */
   readonly requestTimeoutMs?: number;
-  /** Hedges may not exceed this share of retryable requests. Default 5. */
+  /** Hedges may not exceed this share of retryable requests. Default 5; 100: no budget. */
   readonly hedgeBudgetPercent?: number;
   readonly fetch?: typeof globalThis.fetch;
 }
@@ -77,6 +77,8 @@ export class Router {
   private readonly shared: SharedCounters | undefined;
   private readonly driver: ExchangeDriver;
   private readonly budget: HedgeBudget;
+  /** What `counters` returns: one object, its fields read when read. */
+  private readonly liveCounters: RouterCounters;
 
   constructor(options: RouterOptions, shared?: SharedCounters) {
     this.membership = options.membership;
@@ -89,18 +91,34 @@ export class Router {
     this.fetchImpl = options.fetch ?? globalThis.fetch;
     const budgetPercent = options.hedgeBudgetPercent ?? DEFAULT_HEDGE_BUDGET_PERCENT;
     if (!(budgetPercent >= 0 && budgetPercent <= 100)) throw new RangeError(`hedgeBudgetPercent must be in [0, 100], got ${budgetPercent}`);
-    this.budget = new HedgeBudget(budgetPercent);
+    this.budget = HedgeBudget.forSetting(budgetPercent);
     this.shared = shared;
     this.driver = this.makeDriver();
+    const now = (): RouterCounters => (shared ? shared.totals() : this.local);
+    this.liveCounters = Object.freeze({
+      get requests() {
+        return now().requests;
+      },
+      get hedges() {
+        return now().hedges;
+      },
+      get hedgeWins() {
+        return now().hedgeWins;
+      },
+      get failovers() {
+        return now().failovers;
+      },
+    });
   }
 
   /**
-   * Running totals, mutated as `forward` runs. Inside a front door they are the whole process's:
-   * this router's own counts at once, the worker threads' within 100 ms (workers batch theirs;
-   * `/stats` asks them first and is exact).
+   * Running totals, mutated as `forward` runs (seed 001): the same object each time, whose fields
+   * read the counts as they are then (a copy, `{ ...router.counters }`, keeps them as they were).
+   * Inside a front door they are the whole process's: this router's own counts at once, the
+   * worker threads' within 100 ms (workers batch theirs; `/stats` asks them first and is exact).
    */
   get counters(): RouterCounters {
-    return this.shared ? this.shared.totals() : { ...this.local };
+    return this.liveCounters;
   }
 
   /** Deterministic node preference for a board, best first (eligible nodes only). */

@@ -216,7 +216,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     this.failuresInRow = failuresInRow;
     this.ejectAfter = settings.ejectAfter ?? 0;
     this.leaderBased = spec.leaderBased === true;
-    this.hedgeBudget = new HedgeBudget(settings.hedgeBudgetPercent);
+    this.hedgeBudget = HedgeBudget.forSetting(settings.hedgeBudgetPercent);
     this.view = {
       ids: this.ids,
       weights: new Float64Array(spec.nodes.length),
