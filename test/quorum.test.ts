@@ -157,9 +157,9 @@ describe('versions', () => {
     assert.ok(compareVersions('1'.repeat(20), '1') < 0, 'past 19 digits: not a version');
   });
 
-  it('follow the wall clock, strictly increasing per thread, with the thread\'s stamp in the last three digits', () => {
+  it('follow the wall clock, strictly increasing, with the thread\'s stamp in the last three digits', () => {
     let now = 1_800_000_000_000;
-    const clock = new VersionClock(1_007, () => now, () => 0);
+    const clock = new VersionClock(1_007, undefined, () => now, () => 0);
     const a = clock.next();
     assert.equal(a, '1800000000000000007', 'microseconds of the wall clock, then the stamp modulo 1000');
     const b = clock.next(); // same millisecond
@@ -168,11 +168,28 @@ describe('versions', () => {
     assert.ok(compareVersions(clock.next(), b) > 0);
     now += 60_000; // and forward (NTP): followed
     assert.equal(clock.next(), '1800000059995000007');
-    const other = new VersionClock(8, () => 1_800_000_000_000, () => 0);
+    const other = new VersionClock(8, undefined, () => 1_800_000_000_000, () => 0);
     assert.notEqual(other.next(), a, 'two threads of a process never stamp the same version');
-    const fine = new VersionClock(7, () => 1_800_000_000_000, () => 123.4567);
-    assert.equal(fine.next(), '1800000000000456007', 'the microseconds within the millisecond from the monotonic clock');
+    const fine = new VersionClock(7, undefined, () => 1_800_000_000_000, () => 1_800_000_000_000.5);
+    assert.equal(fine.next(), '1800000000000500007', 'the microseconds within the millisecond from the fine clock');
+    const off = new VersionClock(7, undefined, () => 1_800_000_000_000, () => 1_800_000_000_007.5);
+    assert.equal(off.next(), '1800000000000999007', 'a fine clock off the wall clock by more is kept inside its millisecond');
     assert.throws(() => new VersionClock(-1), RangeError);
+  });
+
+  it('are strictly increasing across the threads of a process, whatever each thread\'s clock says (one lane)', () => {
+    const lane = new BigInt64Array(new SharedArrayBuffer(8));
+    let fineA = 1_800_000_000_000.9;
+    let fineB = 1_800_000_000_000.1; // B's clock reads 0.8 ms behind A's
+    const a = new VersionClock(1, lane, () => 1_800_000_000_000, () => fineA);
+    const b = new VersionClock(2, lane, () => 1_800_000_000_000, () => fineB);
+    const seen: string[] = [];
+    for (let i = 0; i < 100; i++) {
+      seen.push(a.next(), b.next());
+      fineA += 0.001;
+      fineB += 0.001;
+    }
+    for (let i = 1; i < seen.length; i++) assert.ok(compareVersions(seen[i]!, seen[i - 1]!) > 0, `${seen[i]} after ${seen[i - 1]}`);
   });
 });
 
@@ -640,6 +657,23 @@ describe('replicated route through the front door', () => {
   }
 
   const stats = async () => (await call(`${door.url}/stats`)).json<{ quorum: { failures: number; standIns: number; readRepairs: number; hints: Record<string, number> } }>();
+
+  it('orders writes made one after another by whichever worker thread takes each: the later one wins', async () => {
+    // Each on a connection of its own, so that both worker threads take some (the kernel spreads
+    // connections over them); each thread's clock alone misordered a few in a hundred.
+    const versions: string[] = [];
+    for (let i = 0; i < 200; i++) {
+      const answer = await rawExchange(door.url, `PUT /kv/sequence HTTP/1.1\r\nhost: x\r\ncontent-length: ${String(i).length}\r\nconnection: close\r\n\r\n${i}`);
+      assert.match(answer, /^HTTP\/1\.1 2\d\d /, answer);
+      versions.push(/\r\nx-lakefront-version: *(\d+)/i.exec(answer)![1]!);
+    }
+    // Each answer says the version the replicas kept: the write's own if it was the newest.
+    assert.equal(new Set(versions.map((v) => v.slice(-3))).size, 2, 'both threads stamped some');
+    for (let i = 1; i < versions.length; i++) assert.ok(compareVersions(versions[i]!, versions[i - 1]!) > 0, `write ${i} kept ${versions[i]}, after write ${i - 1}'s ${versions[i - 1]}`);
+    const read = await call(`${door.url}/kv/sequence`);
+    assert.equal(read.status, 200);
+    assert.equal(read.text, '199');
+  });
 
   it('writes to the key\'s n replicas once each, with one version, and reads it back', async () => {
     const put = await call(`${door.url}${KEY}`, { method: 'PUT', body: 'red', headers: { 'content-type': 'text/plain', 'x-lakefront-version': '9'.repeat(19) } });

@@ -540,7 +540,7 @@ export class WorkerFront implements TunnelHost {
     this.agent = new H1Agent(sweepPeriodMs(init.settings.requestTimeoutMs));
     const failuresInRow = new Int32Array(init.failuresInRow);
     this.held = new HeldHints(init.hintsHeld, init.counterSlots, init.nodes.length, init.slot, init.priorHintsHeld);
-    const replication = { clock: new VersionClock(init.versionSalt + init.slot), region: init.region, refresh: () => this.refresh(), held: this.held };
+    const replication = { clock: new VersionClock(init.versionSalt + init.slot, new BigInt64Array(init.versionLane)), region: init.region, refresh: () => this.refresh(), held: this.held };
     this.runtimes = init.clusters.map(
       (spec) =>
         new ClusterRuntime(

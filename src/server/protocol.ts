@@ -166,6 +166,8 @@ export interface WorkerInit {
   readonly region: string | null;
   /** Random per process, added to the slot in version stamps (replication/quorum.ts). */
   readonly versionSalt: number;
+  /** The last microsecond any thread of the process stamped a version with (VersionClock). */
+  readonly versionLane: SharedArrayBuffer;
   /** Hints an earlier run saved, for this worker to hand over (replicated routes). */
   readonly hints: readonly SavedHint[];
   /** Where the access log goes (a path, or `-`: standard output), or null: no access log. */

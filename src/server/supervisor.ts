@@ -22,7 +22,7 @@ import { C_HINTS_EXPIRED, C_HINTS_LOST, CounterSlot, addTotals, counterBytes, en
 import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
 import { EtcdLeaderProbe } from '../membership/leader.js';
-import { quorumProblem, type QuorumSettings } from '../replication/quorum.js';
+import { quorumProblem, versionLane, type QuorumSettings } from '../replication/quorum.js';
 import { HeldHints, type HeldRows } from '../replication/hints.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, SavedHint, WorkerInit, WorkerMessage } from './protocol.js';
 import { OWN_PATHS } from './protocol.js';
@@ -114,6 +114,13 @@ const COLLECT_TIMEOUT_MS = 1_000;
 const PREDECESSOR_COLLECT_MS = 100;
 /** Exit codes from workers/data-plane.ts. */
 const EXIT_CONFIG = 78;
+
+/**
+ * The process's one version lane (replicated routes' VersionClock): every worker of every front
+ * door in the process, those of a configuration still draining after a reload too, stamps
+ * versions in one order.
+ */
+const VERSION_LANE = versionLane();
 
 interface WorkerHandle {
   readonly slot: number;
@@ -909,6 +916,7 @@ export class FrontDoor extends EventEmitter {
       settings: this.config.settings,
       region: this.config.region ?? null,
       versionSalt: this.versionSalt,
+      versionLane: VERSION_LANE,
       hints: this.hintsFor.get(slot) ?? [],
       accessLog: this.config.accessLog ?? null,
     };
