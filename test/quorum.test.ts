@@ -1008,6 +1008,34 @@ describe('replicated route: reads while a hint waits', () => {
     }
   });
 
+  it("a reload keeps a replicated route's n, consistency and read quorum: lowering r (or a w the draining workers' r would miss) is refused, changing nothing; raising r and w is taken", async () => {
+    const nodes = await startReplicas('rq-a', 'rq-b', 'rq-c');
+    const route = (quorum: Partial<QuorumSettings>) => storeConfig(nodes, { threads: 1, routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: { ...QUORUM, ...quorum } }] });
+    const first = await FrontDoor.start(route({ w: 2, r: 2 }));
+    let second: FrontDoor | null = null;
+    try {
+      const refused: [Partial<QuorumSettings>, RegExp][] = [
+        [{ w: 3, r: 1 }, /^route \/kv\/\*: quorum: r: a reload may raise it, not lower it \(2 -> 1\)/],
+        [{ n: 2, w: 1, r: 2 }, /^route \/kv\/\*: quorum: n: a reload keeps 3, got 2/],
+        [{ consistency: 'local_quorum' }, /^route \/kv\/\*: quorum: consistency: a reload keeps quorum, got local_quorum/],
+        [{ w: 1, r: 3 }, /^route \/kv\/\*: quorum: w: 1 is too few while the draining workers read with r 2 \(2 \+ 1 <= 3\)/],
+      ];
+      for (const [quorum, message] of refused) {
+        // (Taken, it would serve in the first's place: kept, to be stopped with the rest.)
+        const reload = first.reload(route(quorum)).then((door) => (second = door));
+        await assert.rejects(reload, (err: Error) => err instanceof ConfigError && message.test(err.message), JSON.stringify(quorum));
+        // Nothing changed: the first still serves with w 2.
+        const put = await call(`${first.url}/kv/rq`, { method: 'PUT', body: 'x', fresh: true });
+        assert.equal(put.headers['x-lakefront-acks'], '2/2');
+      }
+      second = await first.reload(route({ w: 3, r: 2 }));
+      const put = await call(`${second.url}/kv/rq`, { method: 'PUT', body: 'y', fresh: true });
+      assert.equal(put.headers['x-lakefront-acks'], '3/3');
+    } finally {
+      await stopAll([first, second], nodes);
+    }
+  });
+
   it('after a reload, reads know the hints the draining front door still holds', async () => {
     const set = await heldSet('hr');
     const config = storeConfig(set.nodes, { threads: 1 });

@@ -67,6 +67,24 @@ export function quorumProblem(settings: QuorumSettings, size: number): string | 
 }
 
 /**
+ * Why a reload may not take a replicated route's quorum from `before` to `after` (null: it may;
+ * seed 003: changing N/W/R at runtime must keep the nodes in agreement). Data acknowledged under
+ * every earlier `w` is still on as few replicas as that `w` (read repair mends only the keys it
+ * reads), so a read quorum may not shrink, nor the replica count (the keys' replicas would move
+ * away from their data) or the consistency level change, short of a restart; and the old workers,
+ * while they drain, read with `before.r` what the new ones write with `after.w`, so those must
+ * meet as well. Raising `r`, or `w` within that, is taken.
+ */
+export function reloadProblem(before: QuorumSettings, after: QuorumSettings): string | null {
+  if (after.n !== before.n) return `n: a reload keeps ${before.n}, got ${after.n} (each key's replicas would change, away from its data; restart to change it)`;
+  if (after.consistency !== before.consistency) return `consistency: a reload keeps ${before.consistency}, got ${after.consistency} (restart to change it)`;
+  if (before.consistency !== 'quorum') return null;
+  if (after.r < before.r) return `r: a reload may raise it, not lower it (${before.r} -> ${after.r}): writes acknowledged under an earlier w may be on too few replicas for a read of ${after.r} to meet (restart to lower it)`;
+  if (before.r + after.w <= after.n) return `w: ${after.w} is too few while the draining workers read with r ${before.r} (${before.r} + ${after.w} <= ${after.n})`;
+  return null;
+}
+
+/**
  * What one request needs: `need[s]` answers from scope `s`, where scope 0 is every region and
  * scope 1 + g is region g. Built per request from the key's replicas (their regions vary by key).
  */

@@ -22,7 +22,7 @@ import { C_HINTS_EXPIRED, C_HINTS_LOST, CounterSlot, addTotals, counterBytes, en
 import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
 import { EtcdLeaderProbe } from '../membership/leader.js';
-import { quorumProblem, versionLane, type QuorumSettings } from '../replication/quorum.js';
+import { quorumProblem, reloadProblem, versionLane, type QuorumSettings } from '../replication/quorum.js';
 import { HeldHints, type HeldRows } from '../replication/hints.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, SavedHint, WorkerInit, WorkerMessage } from './protocol.js';
 import { OWN_PATHS } from './protocol.js';
@@ -359,13 +359,23 @@ export class FrontDoor extends EventEmitter {
    * (`drained`, which rejects if a worker is stuck).
    *
    * Rejects, changing nothing, if `config` is unusable: another host or port (0 keeps the port),
-   * a configuration error, or workers that cannot start.
+   * a replicated route's quorum changed in a way its data cannot follow (`reloadProblem`), a
+   * configuration error, or workers that cannot start.
    */
   async reload(config: FrontDoorConfig): Promise<FrontDoor> {
     if (this.stopping !== null) throw new Error('the front door is stopping');
     if (this.successor !== null) throw new Error('a reload is already under way, or done: reload the front door that took over');
     if (config.host !== this.host) throw new ConfigError(`host: a reload keeps the address ${this.host}, got ${config.host} (restart to move it)`);
     if (config.port !== 0 && config.port !== this.port) throw new ConfigError(`port: a reload keeps port ${this.port}, got ${config.port} (restart to move it)`);
+    // A replicated route's quorum, against this front door's and those still draining before it.
+    for (const route of config.routes) {
+      if (!route.quorum) continue;
+      for (let p: FrontDoor | null = this; p !== null; p = p.predecessor) {
+        const before = p.config.routes.find((r) => r.pattern === route.pattern)?.quorum;
+        const problem = before ? reloadProblem(before, route.quorum) : null;
+        if (problem !== null) throw new ConfigError(`route ${route.pattern}: quorum: ${problem}`);
+      }
+    }
     const next = new FrontDoor({ ...config, port: this.port });
     next.inheritsPort = true;
     next.carryHolds(this);
