@@ -88,6 +88,7 @@ describe('WebSocket tunnels', () => {
     for (const n of nodes) {
       n.refuseWith = 0;
       n.refusalPadding = 0;
+      n.upgradeHeaders = [];
       n.pick = (offered) => (offered.has('chat.v2') ? 'chat.v2' : false);
     }
   });
@@ -148,6 +149,15 @@ describe('WebSocket tunnels', () => {
     assert.equal(ws.protocol, 'chat.v2');
     const [home] = await ranking(door.url, 'ws-board-2');
     assert.equal(byId(home!).handshakes.at(-1)!['sec-websocket-protocol'], 'chat.v1,chat.v2', 'the offer reached the node, as the client wrote it');
+    // An offer over two header lines is one list (RFC 6455 11.3.4): the node sees all of it.
+    const split = await rawExchange(
+      door.url,
+      'GET /rpc/live HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: chat.v1\r\nsec-websocket-protocol: chat.v2\r\nx-lakefront-board: ws-board-2\r\n\r\n',
+      { done: (text) => text.includes('\r\n\r\n') },
+    );
+    assert.match(split, /^HTTP\/1\.1 101 /);
+    assert.match(split, /\r\nsec-websocket-protocol: chat\.v2\r\n/i);
+    assert.equal(byId(home!).handshakes.at(-1)!['sec-websocket-protocol'], 'chat.v1, chat.v2');
     // The node picks none of the offer: the client is upgraded without one (as RFC 6455 allows;
     // the ws client would refuse that, so this handshake is raw).
     const head = await rawExchange(
@@ -164,6 +174,25 @@ describe('WebSocket tunnels', () => {
     const rogue = await refusal(track(connect(door.url, 'ws-board-2', ['chat.v1'])));
     assert.equal(rogue.status, 502);
     assert.equal(JSON.parse(rogue.body).code, 'LF_ERR_ALL_CANDIDATES_FAILED');
+  });
+
+  it("relays the node's own header lines on the 101 (a cookie set at the upgrade), not hop-by-hop or handshake ones", async () => {
+    for (const n of nodes) n.upgradeHeaders = ['Set-Cookie: a=1', 'Set-Cookie: b=2', 'X-Node-Custom: hello', 'Keep-Alive: timeout=5', 'Connection: x-hop', 'X-Hop: 1', 'Sec-WebSocket-Extensions-Note: x'];
+    const ws = track(connect(door.url, 'ws-board-101', ['chat.v2']));
+    // 'open' follows 'upgrade' in the same tick: both awaited from the start.
+    const upgraded = once(ws, 'upgrade') as Promise<[import('node:http').IncomingMessage]>;
+    await opened(ws);
+    const [response] = await upgraded;
+    const h = response.headers;
+    assert.deepEqual(h['set-cookie'], ['a=1', 'b=2']);
+    assert.equal(h['x-node-custom'], 'hello');
+    assert.equal(h['keep-alive'], undefined, 'hop-by-hop');
+    assert.equal(h['x-hop'], undefined, "named by the node's connection field: its hop's");
+    assert.equal(h['sec-websocket-extensions-note'], undefined, 'the handshake is uWS\'s to write');
+    assert.equal(h['sec-websocket-protocol'], 'chat.v2');
+    assert.equal(ws.protocol, 'chat.v2');
+    ws.send('after');
+    assert.equal((await nextMessage(ws)).data.toString().endsWith(':after'), true, 'and the socket works');
   });
 
   it('carries close codes and reasons both ways', async () => {

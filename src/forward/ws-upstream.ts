@@ -33,8 +33,11 @@ import { H1Codes, connectTimeoutFor } from './h1.js';
 import { PrefixViews } from './prefix-views.js';
 
 export interface WsUpstreamHandler {
-  /** The node accepted the handshake; `protocol` is its choice ('' for none). */
-  onOpen(protocol: string): void;
+  /**
+   * The node accepted the handshake; `protocol` is its choice ('' for none), `headers` its 101's
+   * header lines (names in lower case), handshake ones included.
+   */
+  onOpen(protocol: string, headers: readonly (readonly [string, string])[]): void;
   /** The node answered the handshake with `status` (not 101): its header lines and body (null: over `maxRefusalBytes`). */
   onRefused(status: number, headers: readonly (readonly [string, string])[], body: Buffer | null): void;
   /**
@@ -412,7 +415,7 @@ export class WsUpstream {
       }
       this.clearTimer();
       this.state = OPEN;
-      this.handler.onOpen(protocol);
+      this.handler.onOpen(protocol, headers);
       return after;
     }
     // Interim answers (100, 102, 103) come before the final one.

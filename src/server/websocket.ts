@@ -120,6 +120,26 @@ interface Tunnel {
   upstreamClosed: boolean;
 }
 
+/** The status uWS's `upgrade` writes: written first, header lines may follow it. */
+const SWITCHING_PROTOCOLS = '101 Switching Protocols';
+
+/**
+ * Writes a node's handshake answer's header lines that are the client's: not hop-by-hop ones
+ * (those the node's connection field names included), nor framing, its own served-by or ticket
+ * header, nor a date (uWS writes its own), nor, on a 101 (`upgrade`), the handshake's (uWS writes
+ * the accept and the subprotocol itself).
+ */
+function writeNodeHeaders(res: HttpResponse, fields: readonly (readonly [string, string])[], ticketHeader: string | null, upgrade: boolean): void {
+  let connection = '';
+  for (const [name, value] of fields) if (name === 'connection') connection = connection === '' ? value : `${connection}, ${value}`;
+  const named = connectionNamed(connection);
+  for (const [name, value] of fields) {
+    if (name === 'date' || name === 'content-length' || name === SERVED_BY_HEADER || name === ticketHeader || DROPPED_REQUEST_HEADERS.has(name) || named?.includes(name)) continue;
+    if (upgrade && name.startsWith('sec-websocket-')) continue;
+    res.writeHeader(name, value);
+  }
+}
+
 /** A close code that may be sent in a close frame (RFC 6455 7.4). */
 function sendable(code: number): boolean {
   return (code >= 1000 && code <= 1003) || (code >= 1007 && code <= 1014) || (code >= 3000 && code <= 4999);
@@ -208,8 +228,25 @@ export class WebSocketTunnels {
     const query = req.getQuery();
     const path = query ? `${url}?${query}` : url;
     const secKey = req.getHeader('sec-websocket-key');
-    let offered = req.getHeader('sec-websocket-protocol');
     const tickets = route.tickets;
+    const keyHeader = route.spec.keyHeader;
+    const key = keyHeader === null ? '' : req.getHeader(keyHeader);
+    // No prototype: a header named `constructor` or `__proto__` is just a header.
+    const headers = Object.create(null) as Record<string, string>;
+    let connection = '';
+    let hosts = 0;
+    let keys = 0;
+    // The subprotocol offer: every line of it, as one list (RFC 6455 11.3.4).
+    let offered = '';
+    req.forEach((name, value) => {
+      if (name === 'connection') connection = connection === '' ? value : `${connection}, ${value}`;
+      else if (name === 'host') hosts++;
+      else if (name === keyHeader) keys++;
+      else if (name === 'sec-websocket-protocol') offered = offered === '' ? value : `${offered}, ${value}`;
+      if (DROPPED_REQUEST_HEADERS.has(name) || HANDSHAKE_HEADERS.has(name) || name === tickets?.header) return;
+      // Two field lines are one list; cookies are joined as one cookie line (RFC 9113 8.2.3).
+      headers[name] = name in headers ? `${headers[name]}${name === 'cookie' ? '; ' : ', '}${value}` : value;
+    });
     // An affinity ticket comes as a header or, from a browser, as an offered subprotocol.
     let ticket = tickets === null ? '' : req.getHeader(tickets.header);
     let ticketProtocol = '';
@@ -227,21 +264,6 @@ export class WebSocketTunnels {
       }
       offered = rest.join(', ');
     }
-    const keyHeader = route.spec.keyHeader;
-    const key = keyHeader === null ? '' : req.getHeader(keyHeader);
-    // No prototype: a header named `constructor` or `__proto__` is just a header.
-    const headers = Object.create(null) as Record<string, string>;
-    let connection = '';
-    let hosts = 0;
-    let keys = 0;
-    req.forEach((name, value) => {
-      if (name === 'connection') connection = connection === '' ? value : `${connection}, ${value}`;
-      else if (name === 'host') hosts++;
-      else if (name === keyHeader) keys++;
-      if (DROPPED_REQUEST_HEADERS.has(name) || HANDSHAKE_HEADERS.has(name) || name === tickets?.header) return;
-      // Two field lines are one list; cookies are joined as one cookie line (RFC 9113 8.2.3).
-      headers[name] = name in headers ? `${headers[name]}${name === 'cookie' ? '; ' : ', '}${value}` : value;
-    });
     // Headers the connection field names are the client's hop's only (RFC 9110 7.6.1).
     for (const name of connectionNamed(connection) ?? []) delete headers[name];
     const authority = host.forwardedFor ? req.getHeader('host') : '';
@@ -367,7 +389,7 @@ export class WebSocketTunnels {
             host.refuse(res, 502, errorBody(`the node refused the WebSocket with a ${status} whose body is over ${MAX_RELAYED_BODY} bytes, too large to relay`, ErrorCodes.ALL_CANDIDATES_FAILED), false);
           } else this.relayRefusal(res, status, fields, body, runtime.ids[node]!, ticketHeader);
         },
-        onOpen: (protocol) => {
+        onOpen: (protocol, fields) => {
           current = null;
           this.pending.delete(shutDown);
           if (aborted) {
@@ -379,7 +401,13 @@ export class WebSocketTunnels {
           if (tickets !== null) tunnel.greeting = JSON.stringify({ t: 'affinity', ticket: tickets.mint(runtime.ids[node]!, region) });
           // A browser that offered only its ticket fails a handshake that selects nothing.
           const selected = protocol === '' ? ticketProtocol : protocol;
-          res.cork(() => res.upgrade({ tunnel }, secKey, selected, '', context));
+          // The node's own header lines go with the 101 (a session cookie set at the upgrade,
+          // RFC 6455 4.2.2); uWS writes the handshake's.
+          res.cork(() => {
+            res.writeStatus(SWITCHING_PROTOCOLS);
+            writeNodeHeaders(res, fields, ticketHeader, true);
+            res.upgrade({ tunnel }, secKey, selected, '', context);
+          });
         },
         // Until it opens, nothing else comes; then the tunnel takes the socket's events.
         onMessage: () => {},
@@ -399,16 +427,9 @@ export class WebSocketTunnels {
 
   /** A node's answer other than 101, relayed (hop-by-hop and uWS's own headers dropped). */
   private relayRefusal(res: HttpResponse, status: number, fields: readonly (readonly [string, string])[], body: Buffer, servedBy: string, ticketHeader: string | null): void {
-    // So are the ones the node's connection field names, of its hop.
-    let connection = '';
-    for (const [name, value] of fields) if (name === 'connection') connection = connection === '' ? value : `${connection}, ${value}`;
-    const named = connectionNamed(connection);
     res.cork(() => {
       res.writeStatus(statusBytes(status));
-      for (const [name, value] of fields) {
-        if (name === 'date' || name === 'content-length' || name === SERVED_BY_HEADER || name === ticketHeader || DROPPED_REQUEST_HEADERS.has(name) || named?.includes(name)) continue;
-        res.writeHeader(name, value);
-      }
+      writeNodeHeaders(res, fields, ticketHeader, false);
       res.writeHeader(SERVED_BY_HEADER, servedBy);
       res.end(body);
     });
