@@ -10,7 +10,7 @@ import { HashRing } from '../src/hashing/ring.js';
 import { UpstreamRequest, type AttemptSink } from '../src/forward/upstream.js';
 import { HeaderFields } from '../src/forward/fields.js';
 import { ReplicaSet, type ReplicaHost, type ReplicatedCall, type ReplicatedOwner } from '../src/replication/fanout.js';
-import { HintStore, hintCost, type HandoffHost, type HintEvent } from '../src/replication/hints.js';
+import { HintStore, hintCost, keyOfWrite, type HandoffHost, type HintEvent } from '../src/replication/hints.js';
 import { Requirement, VersionClock, compareVersions, type QuorumSettings } from '../src/replication/quorum.js';
 import { parseFileConfig } from '../src/config/file.js';
 import { ConfigError } from '../src/errors.js';
@@ -216,7 +216,7 @@ class Handoff implements HandoffHost {
 
 /** Reserves room for a hint for `node` and keeps it, as a stand-in's acknowledgement does. */
 function hold(store: HintStore, node: number, request: UpstreamRequest): void {
-  const reservation = store.reserve(node, request);
+  const reservation = store.reserve(node, request.path, request);
   assert.ok(reservation);
   store.keep(reservation, request);
 }
@@ -307,11 +307,11 @@ describe('hint store', () => {
     const host = new Handoff();
     const store = new HintStore(host, 2, 1_000, 3_000, () => now);
     const big = write('/kv/x', 'y'.repeat(1_000));
-    const one = store.reserve(0, big)!;
-    const two = store.reserve(0, big)!;
+    const one = store.reserve(0, '/kv/x', big)!;
+    const two = store.reserve(0, '/kv/x', big)!;
     assert.ok(one && two);
-    assert.equal(store.reserve(0, big), null, 'two reserved fill the room: a third write gets no stand-in');
-    assert.equal(store.export().length, 2, 'stand-ins still running are saved at a stop too');
+    assert.equal(store.reserve(0, '/kv/x', big), null, 'two reserved fill the room: a third write gets no stand-in');
+    assert.deepEqual(store.export().map((h) => h.key), ['/kv/x', '/kv/x'], 'stand-ins still running are saved at a stop too, with their key');
     store.release(two);
     store.keep(one, big);
     assert.equal(store.bytesUsed, hintCost(big), 'one kept (its reservation taken up), one given back');
@@ -319,12 +319,21 @@ describe('hint store', () => {
     store.deliver();
     assert.deepEqual(host.events, ['stored', 'expired']);
     hold(store, 0, write('/kv/new'));
-    const late = store.reserve(0, write('/kv/late'))!;
+    const late = store.reserve(0, '/kv/late', write('/kv/late'))!;
     assert.equal(store.close(), 1);
     store.keep(late, write('/kv/late')); // a stand-in acknowledging after the stop
     assert.equal(host.events.at(-1), 'lost');
-    assert.equal(store.reserve(0, write('/kv/x')), null, 'closed: nothing more is kept');
+    assert.equal(store.reserve(0, '/kv/x', write('/kv/x')), null, 'closed: nothing more is kept');
     assert.equal(host.events.filter((e) => e === 'stored').length, 2, 'a hint after the stop is not counted');
+  });
+});
+
+describe('a saved hint without its key (a hints file an earlier version wrote)', () => {
+  it("takes the key its route reads from the write: the path without its query, or the key header's value", () => {
+    assert.equal(keyOfWrite(null, '/kv/a?x=1', []), '/kv/a');
+    assert.equal(keyOfWrite(null, '/kv/a', ['x-board', 'b7']), '/kv/a');
+    assert.equal(keyOfWrite('x-board', '/kv/a?x=1', ['content-type', 'text/plain', 'x-board', 'b7']), 'b7');
+    assert.equal(keyOfWrite('x-board', '/kv/a', ['content-type', 'text/plain']), '', 'not among the headers');
   });
 });
 
@@ -1173,8 +1182,8 @@ describe('replicated route: hints saved at a stop', () => {
       assert.equal(first.hintsSaved, 1);
       assert.equal(statSync(hintsFile).mode & 0o777, 0o600, 'the writes, credentials and all: for its owner only');
       assert.equal(first.hintsLost(), 0, 'saved, not lost');
-      const saved = JSON.parse(readFileSync(hintsFile, 'utf8')) as { hints: { node: string; route: string; body: string }[] };
-      assert.deepEqual(saved.hints.map((h) => [h.node, h.route, Buffer.from(h.body, 'base64').toString()]), [[down.id, '/kv/*', 'kept']]);
+      const saved = JSON.parse(readFileSync(hintsFile, 'utf8')) as { hints: { node: string; route: string; key: string; body: string }[] };
+      assert.deepEqual(saved.hints.map((h) => [h.node, h.route, h.key, Buffer.from(h.body, 'base64').toString()]), [[down.id, '/kv/*', key, 'kept']]);
       assert.equal(down.hits(), 0);
       // The replica is back; the next front door hands it the write, same version.
       down.healthy = true;

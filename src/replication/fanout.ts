@@ -139,6 +139,8 @@ export class ReplicatedCall implements AttemptSink {
 
   private readonly list: Int32Array;
   private listCount = 0;
+  /** The key `begin` was given (a write's stand-ins' hints are kept under it). */
+  private key = '';
   private homes = 0;
   /** Per node: already a target of this request. */
   private readonly used: Uint8Array;
@@ -218,6 +220,7 @@ export class ReplicatedCall implements AttemptSink {
   /** Sends the request to the replicas of `key` (or refuses it: see the module comment). */
   begin(key: string): void {
     const { host, settings } = this.set;
+    this.key = key;
     const count = (this.listCount = host.membersFor(key, this.list, this.list.length));
     const homes = (this.homes = Math.min(settings.n, count));
     const write = this.op === OP_WRITE;
@@ -302,7 +305,7 @@ export class ReplicatedCall implements AttemptSink {
    */
   private standIn(home: number): boolean {
     const write = this.op === OP_WRITE;
-    const reservation = write ? this.set.hints.reserve(home, this.request) : null;
+    const reservation = write ? this.set.hints.reserve(home, this.key, this.request) : null;
     if (write && reservation === null) return false;
     const node = this.fallback(this.set.host.regionOf[home]!);
     if (node < 0) {

@@ -37,6 +37,8 @@ export type HintEvent = 'stored' | 'delivered' | 'expired' | 'refused' | 'lost' 
 export interface Reservation {
   /** The replica the stand-in covers. */
   readonly node: number;
+  /** The write's key. */
+  readonly key: string;
   readonly request: UpstreamRequest;
   readonly bytes: number;
 }
@@ -44,6 +46,8 @@ export interface Reservation {
 /** A hint as it leaves a stopping worker, or comes into a starting one. */
 export interface HintRecord {
   readonly node: number;
+  /** The write's key (the route's: its path without the query, or its key header's value). */
+  readonly key: string;
   readonly request: UpstreamRequest;
   /** When it expires, wall clock (ms since the epoch). */
   readonly expiresAt: number;
@@ -56,6 +60,7 @@ const DONE = 2;
 interface Hint {
   /** Let go once the hint is done (it may stay queued behind an older one a while). */
   request: UpstreamRequest | null;
+  readonly key: string;
   readonly bytes: number;
   readonly expiresAt: number;
   state: number;
@@ -141,14 +146,15 @@ export class HintStore {
   }
 
   /**
-   * Sets aside room for a hint of `request` before a stand-in is sent it; false when there is
-   * none (then no stand-in is used). Each reservation ends in `keep` or `release`.
+   * Sets aside room for a hint of `request` (a write to `key`) before a stand-in is sent it;
+   * false when there is none (then no stand-in is used). Each reservation ends in `keep` or
+   * `release`.
    */
-  reserve(node: number, request: UpstreamRequest): Reservation | null {
+  reserve(node: number, key: string, request: UpstreamRequest): Reservation | null {
     const bytes = hintCost(request);
     if (this.closed || this.bytes + this.reserved + bytes > this.maxBytes) return null;
     this.reserved += bytes;
-    const reservation = { node, request, bytes };
+    const reservation = { node, key, request, bytes };
     this.reservations.add(reservation);
     return reservation;
   }
@@ -167,7 +173,7 @@ export class HintStore {
     const bytes = reservation.bytes;
     this.reserved -= bytes;
     if (this.closed) return;
-    this.queues[reservation.node]!.push({ request, bytes, expiresAt: this.now() + this.windowMs, state: WAITING });
+    this.queues[reservation.node]!.push({ request, key: reservation.key, bytes, expiresAt: this.now() + this.windowMs, state: WAITING });
     this.bytes += bytes;
     this.count++;
     this.host.hintCounted('stored', reservation.node);
@@ -209,12 +215,12 @@ export class HintStore {
     const out: HintRecord[] = [];
     const shift = Date.now() - this.now();
     this.queues.forEach((queue, node) => {
-      for (const hint of queue) if (hint.state !== DONE && hint.request !== null) out.push({ node, request: hint.request, expiresAt: hint.expiresAt + shift });
+      for (const hint of queue) if (hint.state !== DONE && hint.request !== null) out.push({ node, key: hint.key, request: hint.request, expiresAt: hint.expiresAt + shift });
     });
     // A stand-in still running may have taken the write: its replica gets it too (twice is
     // harmless, the version is the same).
     const expiresAt = Date.now() + this.windowMs;
-    for (const { node, request } of this.reservations) out.push({ node, request, expiresAt });
+    for (const { node, key, request } of this.reservations) out.push({ node, key, request, expiresAt });
     return out;
   }
 
@@ -228,7 +234,7 @@ export class HintStore {
     const bytes = hintCost(record.request);
     // Admitted once already: not held to the byte limit again (a stop's hints all come back).
     if (this.closed || expiresAt <= this.now()) return false;
-    this.queues[record.node]!.push({ request: record.request, bytes, expiresAt, state: WAITING });
+    this.queues[record.node]!.push({ request: record.request, key: record.key, bytes, expiresAt, state: WAITING });
     this.bytes += bytes;
     this.count++;
     this.host.hintCounted('stored', record.node);
@@ -322,6 +328,20 @@ export class HintStore {
       if (this.count > 0) this.arm();
     }, this.retryMs).unref();
   }
+}
+
+/**
+ * The key a saved hint's write was routed by, when the hint does not say (a hints file an earlier
+ * version wrote): its key header's value among its headers, or its path without the query.
+ * Blank when the header is not among them (a client's `connection` line may have dropped it).
+ */
+export function keyOfWrite(keyHeader: string | null, path: string, headers: readonly string[]): string {
+  if (keyHeader === null) {
+    const query = path.indexOf('?');
+    return query < 0 ? path : path.slice(0, query);
+  }
+  for (let i = 0; i < headers.length; i += 2) if (headers[i] === keyHeader) return headers[i + 1]!;
+  return '';
 }
 
 /**

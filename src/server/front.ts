@@ -37,7 +37,7 @@ import { loadUws, type Uws } from './uws.js';
 import { WebSocketTunnels, type TunnelHost } from './websocket.js';
 import { TicketBook } from '../affinity/tickets.js';
 import { ReplicaSet, type ReplicatedCall, type ReplicatedOwner } from '../replication/fanout.js';
-import { HeldHints } from '../replication/hints.js';
+import { HeldHints, keyOfWrite } from '../replication/hints.js';
 import { ACKS_HEADER, VersionClock } from '../replication/quorum.js';
 import { AccessLog, asciiJson } from './access-log.js';
 import { clientAddress } from './client-address.js';
@@ -591,7 +591,8 @@ export class WorkerFront implements TunnelHost {
       const node = route ? route.runtime.indexOf(hint.node) : -1;
       if (!route || node < 0) continue;
       const body = hint.body === null ? null : Buffer.from(hint.body.buffer, hint.body.byteOffset, hint.body.byteLength);
-      route.replicas!.hints.adopt({ node, request: new UpstreamRequest(hint.method, hint.path, [...hint.headers], body), expiresAt: hint.expiresAt });
+      const key = hint.key ?? keyOfWrite(route.spec.keyHeader, hint.path, hint.headers);
+      route.replicas!.hints.adopt({ node, key, request: new UpstreamRequest(hint.method, hint.path, [...hint.headers], body), expiresAt: hint.expiresAt });
     }
   }
 
@@ -731,9 +732,9 @@ export class WorkerFront implements TunnelHost {
       const store = route.replicas?.hints;
       if (!store) continue;
       if (keepHints) {
-        for (const { node, request, expiresAt } of store.export()) {
+        for (const { node, key, request, expiresAt } of store.export()) {
           const { method, path, headers, body } = request;
-          hints.push({ route: route.spec.pattern, node: route.runtime.ids[node]!, method, path, headers, body, expiresAt });
+          hints.push({ route: route.spec.pattern, node: route.runtime.ids[node]!, key, method, path, headers, body, expiresAt });
         }
       }
       store.close(keepHints);

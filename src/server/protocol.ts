@@ -180,6 +180,11 @@ export interface SavedHint {
   readonly route: string;
   /** The replica's node id. */
   readonly node: string;
+  /**
+   * The key the write was routed by. Absent from a hints file an earlier version wrote: then
+   * taken from the write (`keyOfWrite`).
+   */
+  readonly key?: string;
   readonly method: string;
   readonly path: string;
   /** [name, value, ...], the version among them. */
