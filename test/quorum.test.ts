@@ -10,7 +10,7 @@ import { HashRing } from '../src/hashing/ring.js';
 import { UpstreamRequest, type AttemptSink } from '../src/forward/upstream.js';
 import { HeaderFields } from '../src/forward/fields.js';
 import { ReplicaSet, type ReplicaHost, type ReplicatedCall, type ReplicatedOwner } from '../src/replication/fanout.js';
-import { HintStore, hintCost, keyOfWrite, type HandoffHost, type HintEvent } from '../src/replication/hints.js';
+import { HELD_BUCKETS, HeldHints, HintStore, heldBucket, hintCost, keyHash, keyOfWrite, type HandoffHost, type HintEvent } from '../src/replication/hints.js';
 import { Requirement, VersionClock, compareVersions, type QuorumSettings } from '../src/replication/quorum.js';
 import { parseFileConfig } from '../src/config/file.js';
 import { ConfigError } from '../src/errors.js';
@@ -33,10 +33,14 @@ function preference(ids: readonly string[], key: string): string[] {
   return [...out.subarray(0, count)].map((i) => ids[i]!);
 }
 
-/**
- * A front door over `nodes` (cluster "store", health polled only when asked) with one replicated
- * route on /kv/* (or `routes`).
- */
+/** A key other than `not` whose replicas (the first three of its preference list) include `replica`. */
+function keySharing(ids: readonly string[], replica: string, not: string): string {
+  for (let i = 0; ; i++) {
+    const key = `/kv/other-${i}`;
+    if (key !== not && preference(ids, key).slice(0, 3).includes(replica)) return key;
+  }
+}
+
 /** Nodes running the reference replica (FakeNode's `replica` behaviour). */
 async function startReplicas(...ids: string[]): Promise<FakeNode[]> {
   const nodes = await startNodes(...ids);
@@ -209,7 +213,7 @@ class Handoff implements HandoffHost {
     if (this.failAtOnce) sink.failed(ordinal, Object.assign(new Error('closed'), { unsent: true }));
     return { abort: () => undefined, mayHaveBeenSent: () => false };
   }
-  hintCounted(event: HintEvent): void {
+  hintCounted(event: HintEvent, _node: number, _key: number): void {
     this.events.push(event);
   }
 }
@@ -328,6 +332,89 @@ describe('hint store', () => {
   });
 });
 
+describe('hints held, by replica and key, across threads (HeldHints)', () => {
+  const ids = ['a', 'b', 'c', 'd'];
+  const hashesOf = (list: readonly string[]) => HeldHints.nodeHashes(list.map((id) => ({ cluster: 0, id })), [{ name: 'store' }]);
+  const hashes = hashesOf(ids);
+  const rows = (slots: number) => new SharedArrayBuffer(HeldHints.bytes(slots, ids.length));
+  /** A key whose bucket for `node` is not `key`'s (so only the key tells them apart). */
+  const unlike = (node: number, key: string): string => {
+    for (let i = 0; ; i++) if (heldBucket(hashes[node]!, keyHash(`/kv/y${i}`)) !== heldBucket(hashes[node]!, keyHash(key))) return `/kv/y${i}`;
+  };
+
+  it('a hint one worker holds is seen from another, for its replica and key only, until it is let go', () => {
+    const buffer = rows(3);
+    const one = new HeldHints(buffer, 3, hashes, 1);
+    const two = new HeldHints(buffer, 3, hashes, 2);
+    const x = keyHash('/kv/x');
+    one.add(1, x, 1);
+    assert.ok(two.any(1, x));
+    assert.ok(!two.any(1, keyHash(unlike(1, '/kv/x'))), 'another key of the same replica');
+    assert.ok(!two.any(0, x) && !two.any(2, x), 'the same key on a replica with no hint');
+    one.add(1, x, 1);
+    one.add(1, x, -1);
+    assert.ok(two.any(1, x), 'one of two let go: the other still waits');
+    one.add(1, x, -1);
+    assert.ok(!two.any(1, x) && !one.any(1, x));
+  });
+
+  it("row 0 counts the hints on their way between workers; a worker's row is cleared as it ends", () => {
+    const buffer = rows(3);
+    const reader = new HeldHints(buffer, 3, hashes, 2);
+    const saved = keyHash('/kv/saved');
+    const counts = new Int32Array(HeldHints.width(ids.length));
+    HeldHints.count(counts, 2, hashes[2]!, saved);
+    HeldHints.store(buffer, counts);
+    assert.ok(reader.any(2, saved));
+    assert.ok(!reader.any(2, keyHash(unlike(2, '/kv/saved'))));
+    HeldHints.store(buffer, new Int32Array(counts.length));
+    assert.ok(!reader.any(2, saved), 'taken by a worker (which counts it in its own row)');
+    new HeldHints(buffer, 3, hashes, 1).add(3, saved, 1);
+    assert.ok(reader.any(3, saved));
+    HeldHints.clear(buffer, ids.length, 1);
+    assert.ok(!reader.any(3, saved));
+  });
+
+  it("reads another front door's rows by node id, whatever its list of nodes", () => {
+    // The configuration before a reload listed the nodes in another order, and one more.
+    const before = ['x', 'c', 'a', 'b', 'd'];
+    const theirs = new SharedArrayBuffer(HeldHints.bytes(2, before.length));
+    new HeldHints(theirs, 2, hashesOf(before), 1).add(before.indexOf('a'), keyHash('/kv/x'), 1);
+    const map = Int32Array.from(ids, (id) => before.indexOf(id));
+    const ours = new HeldHints(rows(3), 3, hashes, 1, [{ door: 7, buffer: theirs, slots: 2, nodes: before.length, map }]);
+    assert.ok(ours.any(0, keyHash('/kv/x')), "a's hint for /kv/x, held there");
+    assert.ok(!ours.any(0, keyHash(unlike(0, '/kv/x'))));
+    assert.ok(!ours.any(1, keyHash('/kv/x')));
+    ours.forget(7);
+    assert.ok(!ours.any(0, keyHash('/kv/x')));
+  });
+
+  it('takes another key for one with a hint as often as the buckets filled say, and never for a replica with none', () => {
+    const held = new HeldHints(rows(2), 2, hashes, 1);
+    // 150 keys with hints waiting for a, 150 others for b: pairs in about 290 of the 4,096 buckets.
+    const filled = new Set<number>();
+    for (let i = 0; i < 150; i++) {
+      for (const node of [0, 1]) {
+        const key = keyHash(`/kv/held-${node}-${i}`);
+        held.add(node, key, 1);
+        filled.add(heldBucket(hashes[node]!, key));
+      }
+    }
+    const trials = 20_000;
+    let a = 0;
+    let c = 0;
+    for (let i = 0; i < trials; i++) {
+      const key = keyHash(`/kv/read-${i}`);
+      if (held.any(0, key)) a++;
+      if (held.any(2, key)) c++;
+    }
+    const p = filled.size / HELD_BUCKETS;
+    const spread = Math.sqrt(trials * p * (1 - p));
+    assert.ok(Math.abs(a - trials * p) < 5 * spread, `${a} of ${trials} reads took a hint for a as their own; ${(trials * p).toFixed(0)} expected`);
+    assert.equal(c, 0, 'c has no hint waiting');
+  });
+});
+
 describe('a saved hint without its key (a hints file an earlier version wrote)', () => {
   it("takes the key its route reads from the write: the path without its query, or the key header's value", () => {
     assert.equal(keyOfWrite(null, '/kv/a?x=1', []), '/kv/a');
@@ -345,8 +432,12 @@ class Cluster extends Handoff implements ReplicaHost {
   order: number[];
   /** Nodes whose attempts fail inside send, provably unsent (a closed client, a bad path). */
   failInside = new Set<number>();
-  /** Nodes some worker holds a hint for. */
-  held = new Set<number>();
+  /**
+   * The hints held, as the front door's threads share them: this cluster's own (its hint store
+   * counts into row 1) and any a test counts itself (`holdFor`, as another worker would).
+   */
+  readonly held: HeldHints;
+  private readonly heldBuffer: SharedArrayBuffer;
   counted: string[] = [];
   constructor(
     readonly ids: string[],
@@ -358,6 +449,16 @@ class Cluster extends Handoff implements ReplicaHost {
     this.regionOf = Int32Array.from(regions);
     this.regionCount = Math.max(...regions) + 1;
     this.order = ids.map((_, i) => i);
+    this.heldBuffer = new SharedArrayBuffer(HeldHints.bytes(3, ids.length));
+    this.held = new HeldHints(this.heldBuffer, 3, HeldHints.nodeHashes(ids.map((id) => ({ cluster: 0, id })), [{ name: 'store' }]), 1);
+  }
+  override hintCounted(event: HintEvent, node: number, key: number): void {
+    super.hintCounted(event, node, key);
+    if (event !== 'saved') this.held.add(node, key, event === 'stored' ? 1 : -1);
+  }
+  /** A hint for `node` and `key` held by another worker (row 2). */
+  holdFor(node: number, key: string): void {
+    new HeldHints(this.heldBuffer, 3, HeldHints.nodeHashes(this.ids.map((id) => ({ cluster: 0, id })), [{ name: 'store' }]), 2).add(node, keyHash(key), 1);
   }
   get size(): number {
     return this.ids.length;
@@ -375,8 +476,8 @@ class Cluster extends Handoff implements ReplicaHost {
   replicaCounted(event: string): void {
     this.counted.push(event);
   }
-  hintsHeldFor(node: number): boolean {
-    return this.held.has(node);
+  hintsHeldFor(node: number, key: number): boolean {
+    return this.held.any(node, key);
   }
   regionName(index: number): string {
     return ['east', 'west', 'north'][index] ?? '';
@@ -405,9 +506,10 @@ function start(
   op: 'PUT' | 'GET',
   body: string | null = 'v',
   set = new ReplicaSet(cluster, { ...QUORUM, ...settings }),
+  key = '/kv/x',
 ): { owner: Owner; set: ReplicaSet } {
   const owner = new Owner();
-  set.call(owner, op === 'PUT' ? 1 : 0, op, '/kv/x', [], body === null ? null : Buffer.from(body)).begin('/kv/x');
+  set.call(owner, op === 'PUT' ? 1 : 0, op, key, [], body === null ? null : Buffer.from(body)).begin(key);
   return { owner, set };
 }
 
@@ -539,11 +641,11 @@ describe('fan-out over a hand-driven cluster', () => {
     assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => short.sentTo(id)), [0, 0, 1, 1, 0]);
   });
 
-  it('while a hint for one of its replicas waits, a read asks every node past them and answers the newest once all have answered', () => {
+  it('while a hint for the key waits for one of its replicas, a read asks every node past them and answers the newest once all have answered', () => {
     // Replicas a, b, c; d and e past them. a and b were down for a write that c and d (standing
     // in for a) acknowledged; they are back, and a's hint has not reached it yet.
     const cluster = new Cluster(['a', 'b', 'c', 'd', 'e']);
-    cluster.held.add(0);
+    cluster.holdFor(0, '/kv/x');
     const { owner } = start(cluster, {}, 'GET', null);
     assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => cluster.sentTo(id)), [1, 1, 1, 1, 1], 'every node past the replicas too');
     cluster.answer('a', 404);
@@ -564,6 +666,35 @@ describe('fan-out over a hand-driven cluster', () => {
     const calm = new Cluster(['a', 'b', 'c', 'd', 'e']);
     start(calm, {}, 'GET', null);
     assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => calm.sentTo(id)), [1, 1, 1, 0, 0]);
+  });
+
+  it('a hint waits for its key only: a read of another key with the same replicas asks only them, until the hint is handed over', () => {
+    // Every key here has replicas a, b, c; a is down for a write to /kv/x, and d takes it for a.
+    const cluster = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    cluster.routable[0] = false;
+    const { set } = start(cluster, {}, 'PUT');
+    cluster.answer('d', 204);
+    cluster.answer('b', 204);
+    assert.equal(set.hints.pending, 1, 'a hint for a, for /kv/x');
+    try {
+      // a is back, and not handed its hint yet.
+      cluster.routable[0] = true;
+      const asked = (key: string): number[] => {
+        cluster.sent.length = 0;
+        start(cluster, {}, 'GET', null, set, key);
+        return ['a', 'b', 'c', 'd', 'e'].map((id) => cluster.sentTo(id));
+      };
+      assert.deepEqual(asked('/kv/y'), [1, 1, 1, 0, 0], 'no hint waits for /kv/y: its replicas alone');
+      assert.deepEqual(asked('/kv/x'), [1, 1, 1, 1, 1], 'the hint waits for /kv/x: every node past them too');
+      cluster.sent.length = 0;
+      set.hints.deliver();
+      assert.equal(cluster.sentTo('a'), 1, 'the hint goes to a');
+      cluster.answer('a', 204);
+      assert.equal(set.hints.pending, 0);
+      assert.deepEqual(asked('/kv/x'), [1, 1, 1, 0, 0], 'handed over: its replicas alone again');
+    } finally {
+      set.hints.close();
+    }
   });
 
   it('local_quorum: a stand-in from the local region for a remote replica is not a local answer', () => {
@@ -1045,6 +1176,45 @@ describe('replicated route: reads while a hint waits', () => {
     }
   });
 
+  it('a read of a key with no hint waiting asks only its replicas, in either worker, while a key sharing a replica has one', async () => {
+    const set = await heldSet('hk');
+    const { nodes, a, b, c, d, e } = set;
+    const ids = nodes.map((n) => n.id);
+    // a's and b's hints will be for `key` alone; `other` has a among its replicas too.
+    const other = keySharing(ids, a.id, key);
+    const past = nodes.filter((n) => !preference(ids, other).slice(0, 3).includes(n.id));
+    const askedPast = () => past.reduce((sum, n) => sum + n.received.filter((r) => r.method === 'GET' && r.path === other).length, 0);
+    const door = await FrontDoor.start(storeConfig(nodes));
+    const sockets: Socket[] = [];
+    try {
+      // Two connections to the two workers: a write's version ends with its worker's stamp.
+      const [one, oneStamp] = await stampedConnection(door.port);
+      sockets.push(one);
+      for (;;) {
+        const [socket, stamp] = await stampedConnection(door.port);
+        sockets.push(socket);
+        if (stamp !== oneStamp) break;
+      }
+      const two = sockets.at(-1)!;
+      assert.match(await exchangeOn(one, `PUT ${other} HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\ncalm`), /^HTTP\/1\.1 204/);
+      // The first worker keeps the hints of a write a and b missed; they come back refusing them.
+      await takeDown(door, a, b);
+      assert.match(await exchangeOn(one, `PUT ${key} HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nfresh`), /^HTTP\/1\.1 204/);
+      for (const node of [c, d, e]) while (node.store.get(key)?.body !== 'fresh') await once(node, 'request');
+      await backRefusingHints(door, set);
+      for (const socket of [two, one]) assert.match(await exchangeOn(socket, `GET ${other} HTTP/1.1\r\nhost: x\r\n\r\n`), /\r\n\r\ncalm$/);
+      assert.equal(askedPast(), 0, `no hint waits for ${other}: only its replicas are asked, in either worker`);
+      // The key with the hints: every node past its replicas, from the worker that holds none too.
+      const pastBefore = d.hits(key) + e.hits(key);
+      assert.match(await exchangeOn(two, `GET ${key} HTTP/1.1\r\nhost: x\r\n\r\n`), /\r\n\r\nfresh$/);
+      assert.equal(d.hits(key) + e.hits(key) - pastBefore, 2, 'd and e asked');
+    } finally {
+      for (const s of sockets) s.destroy();
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
   it('after a reload, reads know the hints the draining front door still holds', async () => {
     const set = await heldSet('hr');
     const config = storeConfig(set.nodes, { threads: 1 });
@@ -1064,13 +1234,17 @@ describe('replicated route: reads while a hint waits', () => {
     }
   });
 
-  it('during a reload, a read knows the hints an old worker has drained and handed back while another still drains', async () => {
+  it('during a reload, a read knows the hints an old worker has drained and handed back while another still drains, by key', async () => {
     const set = await heldSet('hd');
+    const ids = set.nodes.map((n) => n.id);
+    const shared = keySharing(ids, set.a.id, key);
+    const past = set.nodes.filter((n) => !preference(ids, shared).slice(0, 3).includes(n.id));
     const config = storeConfig(set.nodes, { threads: 2 });
     const first = await FrontDoor.start(config);
     let second: FrontDoor | null = null;
     const sockets: Socket[] = [];
     try {
+      assert.equal((await call(`${first.url}${shared}`, { method: 'PUT', body: 'calm' })).status, 204);
       // Two connections to the two workers: a write's version ends with its worker's stamp.
       const [one, oneStamp] = await stampedConnection(first.port);
       sockets.push(one);
@@ -1096,6 +1270,9 @@ describe('replicated route: reads while a hint waits', () => {
       assert.equal(handedBack, 2);
       const got = await call(`${second.url}${key}`, { fresh: true });
       assert.equal(got.text, 'fresh', `${got.status}`);
+      // Those hints are in the old front door's row 0 now: by key there too.
+      assert.equal((await call(`${second.url}${shared}`, { fresh: true })).text, 'calm');
+      assert.equal(past.reduce((sum, n) => sum + n.hits(shared), 0), 0, `no hint waits for ${shared}: its replicas alone`);
     } finally {
       for (const s of sockets) s.destroy();
       await stopAll([first, second], set.nodes);
@@ -1199,6 +1376,58 @@ describe('replicated route: hints saved at a stop', () => {
       }
       assert.equal(second.hintsSaved, 0);
       assert.ok(!existsSync(hintsFile), 'nothing left to save');
+    } finally {
+      await Promise.all(nodes.map((n) => n.stop()));
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('hints taken back from a hints file are known by key (one an earlier version wrote, without keys, too)', async () => {
+    const nodes = await startReplicas('sk-a', 'sk-b', 'sk-c', 'sk-d', 'sk-e');
+    const ids = nodes.map((n) => n.id);
+    const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
+    const hintsFile = join(dir, 'hints.json');
+    const config = storeConfig(nodes, { hintsFile });
+    const key = '/kv/saved';
+    const down = nodes.find((n) => n.id === preference(ids, key)[0])!;
+    const other = keySharing(ids, down.id, key);
+    const pastOf = (k: string) => nodes.filter((n) => !preference(ids, k).slice(0, 3).includes(n.id));
+    const asked = (k: string) => pastOf(k).reduce((sum, n) => sum + n.received.filter((r) => r.method === 'GET' && r.path === k).length, 0);
+    try {
+      const first = await FrontDoor.start(config);
+      try {
+        assert.equal((await call(`${first.url}${other}`, { method: 'PUT', body: 'calm' })).status, 204);
+        down.healthy = false;
+        await first.memberships[0]!.probeOnce();
+        assert.equal((await call(`${first.url}${key}`, { method: 'PUT', body: 'kept' })).status, 204);
+        const pending = async () => (await call(`${first.url}/stats`)).json<{ quorum: { hints: { pending: number } } }>().quorum.hints.pending;
+        while ((await pending()) === 0);
+      } finally {
+        await first.stop();
+      }
+      const saved = JSON.parse(readFileSync(hintsFile, 'utf8')) as { version: number; hints: Record<string, unknown>[] };
+      assert.deepEqual(saved.hints.map((h) => h.key), [key], 'saved with its key');
+      // The replica is back, refusing its hint for now: it keeps waiting.
+      down.healthy = true;
+      down.behaviour = { kind: 'replica', failWrites: true };
+      for (const file of ['with keys', 'without keys']) {
+        if (file === 'without keys') {
+          for (const h of saved.hints) delete h.key;
+          writeFileSync(hintsFile, JSON.stringify(saved));
+        }
+        const door = await FrontDoor.start(config);
+        try {
+          while (!down.received.some((r) => r.method === 'PUT' && r.path === key)) await once(down, 'request');
+          assert.equal((await call(`${door.url}${other}`)).text, 'calm');
+          assert.equal(asked(other), 0, `${file}: no hint waits for ${other}: its replicas alone`);
+          const before = asked(key);
+          assert.equal((await call(`${door.url}${key}`)).text, 'kept');
+          assert.equal(asked(key) - before, pastOf(key).length, `${file}: the hint for ${key} waits: every node past its replicas`);
+        } finally {
+          await door.stop();
+        }
+        down.received.length = 0;
+      }
     } finally {
       await Promise.all(nodes.map((n) => n.stop()));
       rmSync(dir, { recursive: true, force: true });

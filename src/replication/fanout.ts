@@ -13,10 +13,12 @@
  * left (connection refused) goes to a stand-in instead; one that may have reached its node is
  * never sent to another. A read goes to the replicas that can be reached, to stand-ins for the
  * ones that are down only while those cannot make its quorum, and, when one fails, to a further
- * node; and while a hint for one of its replicas waits (that replica missed a write a stand-in
- * took), to every node past them it can reach, and then it waits for all its targets. A write's
- * stand-in counts in the region of the replica it covers when it is there too;
- * else, and for a read's, only toward a majority of all (`countsIn`).
+ * node; and while a hint for the key waits for one of its replicas (that replica missed a write
+ * to it a stand-in took), to every node past them it can reach, and then it waits for all its
+ * targets (hints are told apart by replica and a hash of the key: now and then one that waits
+ * for a replica of the key, but for another key, passes for the key's own; see HeldHints). A
+ * write's stand-in counts in the region of the replica it covers when it is there too; else, and
+ * for a read's, only toward a majority of all (`countsIn`).
  *
  * What counts: a write's 2xx; a read's 200, or 404 (no value, or a deletion), from one of the
  * key's replicas, or from a node past them only with a version. A 5xx and a transport failure
@@ -43,7 +45,7 @@ import { ErrorCodes } from '../errors.js';
 import { isUnsent, type AttemptHandle } from '../forward/exchange.js';
 import type { HeaderFields } from '../forward/fields.js';
 import { UpstreamRequest, type AttemptSink } from '../forward/upstream.js';
-import { HintStore, type HandoffHost, type Reservation } from './hints.js';
+import { HintStore, keyHash, type HandoffHost, type Reservation } from './hints.js';
 import { HINT_HEADER, Requirement, VERSION_HEADER, compareVersions, type QuorumSettings, type VersionClock } from './quorum.js';
 
 const OP_READ = 0;
@@ -62,8 +64,11 @@ export interface ReplicaHost extends HandoffHost {
   /** A region's name by index ('' for the nodes without one). */
   regionName(index: number): string;
   readonly regionCount: number;
-  /** Whether any worker of the front door holds a hint for `node` (hints.ts `HeldHints`). */
-  hintsHeldFor(node: number): boolean;
+  /**
+   * Whether any worker of the front door may hold a hint for `node` and the key of hash `key`
+   * (hints.ts `keyHash`, `HeldHints.any`): never false when one does.
+   */
+  hintsHeldFor(node: number, key: number): boolean;
   readonly clock: VersionClock;
   replicaCounted(event: 'repair' | 'standIn' | 'failure'): void;
 }
@@ -167,8 +172,8 @@ export class ReplicatedCall implements AttemptSink {
   private readonly statuses: number[] = [];
   private running = 0;
   /**
-   * A read that asked every node past its replicas (a hint for one of them waits): it answers
-   * once every target has, the newest of all.
+   * A read that asked every node past its replicas (a hint for the key waits for one of them): it
+   * answers once every target has, the newest of all.
    */
   private waitsForAll = false;
   /** Inside `begin`: outcomes wait for every first target to be launched. */
@@ -260,15 +265,20 @@ export class ReplicatedCall implements AttemptSink {
     this.check();
   }
 
-  /** Whether a hint waits for one of the key's replicas, in any worker. */
+  /**
+   * Whether a hint for this key waits for one of its replicas, in any worker (or, now and then,
+   * one for another key that HeldHints cannot tell from it).
+   */
   private hintWaits(): boolean {
-    for (let i = 0; i < this.homes; i++) if (this.set.host.hintsHeldFor(this.list[i]!)) return true;
+    const host = this.set.host;
+    const key = keyHash(this.key);
+    for (let i = 0; i < this.homes; i++) if (host.hintsHeldFor(this.list[i]!, key)) return true;
     return false;
   }
 
   /**
-   * A replica of the key missed a write a stand-in took, and has not been handed it yet: that
-   * write may have been acknowledged by stand-ins and replicas that cannot answer now, so the
+   * A replica of the key missed a write to it a stand-in took, and has not been handed it yet:
+   * that write may have been acknowledged by stand-ins and replicas that cannot answer now, so the
    * replicas that can may all hold older values (Dynamo's sloppy quorum gives no more). Every
    * node past the replicas that can be reached is asked too (a stand-in came from among them),
    * and the answer waits for all targets: the newest of them all is the answer. A node past the

@@ -77,7 +77,7 @@ export interface ReplicationContext {
   readonly region: string | null;
   /** Re-read the membership table if it moved (the hint handoff's ticks). */
   refresh(): void;
-  /** The hints every worker holds, by replica. */
+  /** The hints every worker holds, by replica and key. */
   readonly held: HeldHints;
 }
 
@@ -318,8 +318,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     this.replication?.refresh();
   }
 
-  hintsHeldFor(node: number): boolean {
-    return this.replication?.held.any(this.globalIndex[node]!) ?? false;
+  hintsHeldFor(node: number, key: number): boolean {
+    return this.replication?.held.any(this.globalIndex[node]!, key) ?? false;
   }
 
   /** One attempt at `node` for anyone but an exchange (replicated fan-out, hints, repairs). */
@@ -335,10 +335,10 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     this.slot.bumpNode(this.globalIndex[node]!, N_WINS);
   }
 
-  hintCounted(event: HintEvent, node: number): void {
+  hintCounted(event: HintEvent, node: number, key: number): void {
     // Saved (handed back as the worker stops): still held, in its row until it ends, and by the
     // control plane from its `drained` message on.
-    if (event !== 'saved') this.replication?.held.add(this.globalIndex[node]!, event === 'stored' ? 1 : -1);
+    if (event !== 'saved') this.replication?.held.add(this.globalIndex[node]!, key, event === 'stored' ? 1 : -1);
     const slot = this.slot;
     if (event === 'stored') slot.bump(C_HINTS_PENDING);
     // Handed back as the worker stops: still pending, in this slot, until the control plane has

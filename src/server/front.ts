@@ -521,7 +521,7 @@ export class WorkerFront implements TunnelHost {
   private refusing: Arrival | null = null;
   /** `--forwarded-for append`: x-forwarded-for, -proto and -host to the nodes. */
   readonly forwardedFor: boolean;
-  /** The hints every thread holds, by replica (replicated reads ask nodes past the replicas while one waits). */
+  /** The hints every thread holds, by replica and key (replicated reads ask nodes past the replicas while one for their key waits). */
   readonly held: HeldHints;
 
   constructor(
@@ -539,7 +539,7 @@ export class WorkerFront implements TunnelHost {
     this.histograms = new NodeHistograms(init.nodes.length);
     this.agent = new H1Agent(sweepPeriodMs(init.settings.requestTimeoutMs));
     const failuresInRow = new Int32Array(init.failuresInRow);
-    this.held = new HeldHints(init.hintsHeld, init.counterSlots, init.nodes.length, init.slot, init.priorHintsHeld);
+    this.held = new HeldHints(init.hintsHeld, init.counterSlots, HeldHints.nodeHashes(init.nodes, init.clusters), init.slot, init.priorHintsHeld);
     const replication = { clock: new VersionClock(init.versionSalt + init.slot, new BigInt64Array(init.versionLane)), region: init.region, refresh: () => this.refresh(), held: this.held };
     this.runtimes = init.clusters.map(
       (spec) =>

@@ -151,8 +151,9 @@ export interface WorkerInit {
    */
   readonly failuresInRow: SharedArrayBuffer;
   /**
-   * Hints held per replica, one row a counter slot (replication/hints.ts `HeldHints`): a read
-   * in any worker asks the nodes past its key's replicas while one of them has a hint waiting.
+   * Hints held by replica and key, one row a counter slot (replication/hints.ts `HeldHints`): a
+   * read in any worker asks the nodes past its key's replicas while a hint for the key waits for
+   * one of them.
    */
   readonly hintsHeld: SharedArrayBuffer;
   /** After a reload: the hint rows of the front doors still draining, read until they hand their hints over. */
@@ -181,8 +182,8 @@ export interface SavedHint {
   /** The replica's node id. */
   readonly node: string;
   /**
-   * The key the write was routed by. Absent from a hints file an earlier version wrote: then
-   * taken from the write (`keyOfWrite`).
+   * The key the write was routed by (reads of it know the hint waits). Absent from a hints file
+   * an earlier version wrote: then taken from the write (`keyOfWrite`).
    */
   readonly key?: string;
   readonly method: string;

@@ -23,7 +23,7 @@ import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
 import { EtcdLeaderProbe } from '../membership/leader.js';
 import { quorumProblem, reloadProblem, versionLane, type QuorumSettings } from '../replication/quorum.js';
-import { HeldHints, type HeldRows } from '../replication/hints.js';
+import { HeldHints, keyHash, keyOfWrite, type HeldRows } from '../replication/hints.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, SavedHint, WorkerInit, WorkerMessage } from './protocol.js';
 import { OWN_PATHS } from './protocol.js';
 import { DEFAULT_EJECT_MAX_PERCENT, DEFAULT_EJECT_MS, DEFAULT_UNREACHABLE_HOLD_MS, MAX_EJECT_MS } from './settings.js';
@@ -155,8 +155,10 @@ export class FrontDoor extends EventEmitter {
   private readonly counters: SharedArrayBuffer;
   /** Failed attempts in a row per node, counted by every worker (WorkerInit.failuresInRow). */
   private readonly failuresInRow: SharedArrayBuffer;
-  /** Hints held per replica by each worker (WorkerInit.hintsHeld); a row is zeroed as its worker ends. */
+  /** Hints held by replica and key by each worker (WorkerInit.hintsHeld); a row is zeroed as its worker ends. */
   private readonly hintsHeld: SharedArrayBuffer;
+  /** Per node, its hash in `hintsHeld` (HeldHints.nodeHashes). */
+  private readonly nodeHashes: Int32Array;
   /** The hint rows of the front doors before a reload, while they drain (WorkerInit.priorHintsHeld). */
   private priorHintsHeld: readonly HeldRows[] = [];
   /** This front door's in `HeldRows` (other front doors' workers read its hint rows). */
@@ -299,6 +301,7 @@ export class FrontDoor extends EventEmitter {
     this.counters = new SharedArrayBuffer(counterBytes(this.counterSlots, this.nodes.length));
     this.failuresInRow = new SharedArrayBuffer(4 * this.nodes.length);
     this.hintsHeld = new SharedArrayBuffer(HeldHints.bytes(this.counterSlots, this.nodes.length));
+    this.nodeHashes = HeldHints.nodeHashes(this.nodes, this.clusters);
     const mainSlot = (this.mainSlot = new CounterSlot(this.counters, 0, this.nodes.length));
     this.router = new Router(
       {
@@ -450,14 +453,17 @@ export class FrontDoor extends EventEmitter {
 
   /**
    * Counts the hints on their way (held by no worker: a stop's, those for workers not started,
-   * those posted to workers not yet taken) in row 0 of `hintsHeld`, for reads (HeldHints).
+   * those posted to workers not yet taken) in row 0 of `hintsHeld`, by replica and key, for reads
+   * (HeldHints).
    */
   private countHeld(): void {
-    const counts = new Int32Array(this.nodes.length);
+    const counts = new Int32Array(HeldHints.width(this.nodes.length));
     const count = (hints: readonly SavedHint[]): void => {
       for (const hint of hints) {
         const g = this.globalNodeOf(hint);
-        if (g >= 0) counts[g]!++;
+        if (g < 0) continue;
+        const key = hint.key ?? keyOfWrite(this.routeOf(hint)!.keyHeader, hint.path, hint.headers);
+        HeldHints.count(counts, g, this.nodeHashes[g]!, keyHash(key));
       }
     };
     count(this.stoppedHints);
@@ -468,8 +474,13 @@ export class FrontDoor extends EventEmitter {
 
   /** The global index of the replica a hint is for, or -1 (its route or node not configured here). */
   private globalNodeOf(hint: SavedHint): number {
-    const route = this.routes.find((r) => r.pattern === hint.route && r.quorum !== null);
+    const route = this.routeOf(hint);
     return route === undefined ? -1 : this.nodeIndex(this.clusters[route.cluster]!.name, hint.node);
+  }
+
+  /** The replicated route a hint is for, or undefined (not configured here). */
+  private routeOf(hint: SavedHint): RouteSpec | undefined {
+    return this.routes.find((r) => r.pattern === hint.route && r.quorum !== null);
   }
 
   /** The global index of node `id` of cluster `cluster`, or -1. */
