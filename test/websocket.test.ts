@@ -331,6 +331,28 @@ describe('WebSocket tunnels', () => {
     assert.equal((await closed(fromNode)).code, 1009);
   });
 
+  it('passes a client message larger than the 16 MiB backlog limit when nothing waits before it, and closes (1013) a tunnel whose node stopped reading', async () => {
+    const big = await frontOver(nodes, ['--max-body-bytes', String(32 * 1024 * 1024)]);
+    try {
+      const [home] = await ranking(big.url, 'ws-board-big');
+      const node = byId(home!);
+      const ws = track(connect(big.url, 'ws-board-big'));
+      await opened(ws);
+      const message = Buffer.alloc(20 * 1024 * 1024, 3);
+      ws.send(message, { binary: true });
+      const echo = await Promise.race([nextMessage(ws), closed(ws)]);
+      assert.ok('data' in echo, `closed (${JSON.stringify(echo)}), not echoed`);
+      assert.equal(echo.data.length, message.length, 'through to the node and back, not closed for its own size');
+      // The node stops reading: what the client sends piles up at the front door, up to the limit.
+      (node.sockets.at(-1) as unknown as { _socket: import('node:net').Socket })._socket.pause();
+      const closing = closed(ws);
+      for (let i = 0; i < 64; i++) ws.send(Buffer.alloc(1024 * 1024, 4), { binary: true });
+      assert.equal((await closing).code, 1013);
+    } finally {
+      await big.stop();
+    }
+  });
+
   it('refuses a handshake without its key (401), and one uWS cannot take (400)', async () => {
     const answer = await refusal(track(connect(door.url, null)));
     assert.equal(answer.status, 401);

@@ -503,9 +503,17 @@ export class WebSocketTunnels {
   private fromClient(tunnel: Tunnel, message: ArrayBuffer, isBinary: boolean): void {
     const upstream = tunnel.upstream;
     if (tunnel.upstreamClosed || upstream.state !== OPEN) return;
+    // A node this far behind with the message is closed rather than buffered for without end.
+    // What waits before the message counts, not the message itself: one larger than the limit
+    // (up to --max-body-bytes) passes when the node has taken everything before it (checked
+    // after the write, the part the kernel had not yet taken of a 16 MiB message closed it).
+    const waiting = upstream.bufferedAmount;
+    if (waiting > 0 && waiting + message.byteLength > BACKLOG_LIMIT) {
+      this.overloaded(tunnel);
+      return;
+    }
     // Masked into a frame of its own now: uWS's buffer is not kept past this callback.
     upstream.send(new Uint8Array(message), isBinary);
-    if (upstream.bufferedAmount > BACKLOG_LIMIT) this.overloaded(tunnel);
   }
 
   private overloaded(tunnel: Tunnel): void {
