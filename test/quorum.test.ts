@@ -1169,6 +1169,9 @@ describe('replicated route: reads while a hint waits', () => {
         assert.equal(put.headers['x-lakefront-acks'], '2/2');
       }
       second = await first.reload(route({ w: 3, r: 2 }));
+      // A connection made as the old workers close their listening sockets may be reset (without
+      // net.ipv4.tcp_migrate_req): asked once they have.
+      await first.drained;
       const put = await call(`${second.url}/kv/rq`, { method: 'PUT', body: 'y', fresh: true });
       assert.equal(put.headers['x-lakefront-acks'], '3/3');
     } finally {
