@@ -9,9 +9,11 @@
  * levels the next one in the covered replica's region if there is one), when sloppy quorums are
  * on. A write is sent to every target once: the replicas get it with its version, a stand-in
  * also with the id of the replica it covers (`x-lakefront-hint-for`), and the front door keeps a
- * hint to hand the write to that replica when it is back. A write to a target that provably never
- * left (connection refused) goes to a stand-in instead; one that may have reached its node is
- * never sent to another. A read goes to the replicas that can be reached, to stand-ins for the
+ * hint to hand the write to that replica when it is back. A write to a target that fails (never
+ * sent, a reset, a timeout, a 5xx) goes to a stand-in as well, for the replica it was for: a
+ * second copy of a versioned write is the same write (a replica keeps the highest version it is
+ * sent; its own copy, if it took it, and the hint's are one), so unlike a bare write it may be
+ * sent again (Cassandra keeps hints for timed-out replicas too). A read goes to the replicas that can be reached, to stand-ins for the
  * ones that are down only while those cannot make its quorum, and, when one fails, to a further
  * node; and while a hint for the key waits for one of its replicas (that replica missed a write
  * to it a stand-in took), to every node past them it can reach, and then it waits for all its
@@ -401,6 +403,7 @@ export class ReplicatedCall implements AttemptSink {
     }
     if (state === FAILED) {
       if (!write) this.retryRead();
+      else this.coverFailed(ordinal);
     } else if (state === COUNTED && write) {
       // An acknowledgement: if it completes the quorum, it is the answer, relayed from here (its
       // fields and body are valid during this call): nothing to copy.
@@ -435,15 +438,21 @@ export class ReplicatedCall implements AttemptSink {
     this.states[ordinal] = unsent ? NOT_SENT : FAILED;
     const region = this.countsIn[ordinal]!;
     this.requirement.settle(region, false);
-    const covered = this.standInFor[ordinal]!;
     const reservation = this.reservations[ordinal]!;
     if (reservation !== null) this.set.hints.release(reservation);
     if (this.op === OP_READ) this.retryRead();
-    else if (unsent && this.set.settings.sloppy) {
-      // Nothing reached the node: the write may go to a stand-in for the replica it was for.
-      if (this.standIn(covered >= 0 ? covered : this.targets[ordinal]!)) this.launch(this.targets.length - 1);
-    }
+    else this.coverFailed(ordinal);
     this.check();
+  }
+
+  /**
+   * A write's target failed (before or after sending, or with a 5xx): with sloppy quorums, a
+   * stand-in takes the write for the replica it was for, with a hint (see the top).
+   */
+  private coverFailed(ordinal: number): void {
+    if (!this.set.settings.sloppy) return;
+    const covered = this.standInFor[ordinal]!;
+    if (this.standIn(covered >= 0 ? covered : this.targets[ordinal]!)) this.launch(this.targets.length - 1);
   }
 
   /** The front door is shutting down with this call unanswered. */
