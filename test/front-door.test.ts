@@ -1611,52 +1611,69 @@ describe('front door: start-up', () => {
     }
   });
 
-  it("says connection: close on the answer to a client that asked for it (RFC 9112 9.6), as uWS then closes", async () => {
+  /**
+   * Sends `request` and then a second one on the same connection: the answer to the first, how
+   * many `connection: close` lines it has, and whether the front door closed the connection
+   * after it (the second unanswered).
+   */
+  async function answerThenClose(port: number, request: string): Promise<{ answer: string; lines: number; closedAfter: boolean }> {
+    const { answers, closed } = await inTurn(port, [request, 'GET /health HTTP/1.1\r\nhost: x\r\n\r\n']);
+    const answer = answers[0] ?? '';
+    return { answer, lines: (answer.match(/\r\nconnection: close\r\n/gi) ?? []).length, closedAfter: closed && answers.length === 1 };
+  }
+
+  it("says connection: close, once, on the answer to a client that asked for it (RFC 9112 9.6), and closes", async () => {
     const nodes = await startNodes('cc-a');
     const door = await FrontDoor.start(doorConfig(nodes));
     try {
-      for (const [method, connection] of [['POST', 'close'], ['HEAD', 'Close'], ['POST', 'x-trace, close']] as const) {
-        const raw = await rawExchange(door.url, `${method} /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ncontent-length: 2\r\nconnection: ${connection}\r\n\r\n{}`);
-        assert.match(raw, /^HTTP\/1\.1 200 /, `${method} ${connection}`);
-        assert.match(raw, /\r\nconnection: close\r\n/i, `${method} ${connection}`);
+      // uWS closes on its own after `close` (any 5 characters) in the first line, and a listed
+      // `close` only when told to: either way one line, and the connection ends.
+      for (const [method, connection] of [['POST', 'close'], ['HEAD', 'Close'], ['POST', 'x-trace, close'], ['POST', 'keep-alive, close'], ['POST', 'abcde']] as const) {
+        const { answer, lines, closedAfter } = await answerThenClose(door.port, `${method} /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ncontent-length: 2\r\nconnection: ${connection}\r\n\r\n{}`);
+        assert.match(answer, /^HTTP\/1\.1 200 /, `${method} ${connection}`);
+        assert.equal(lines, 1, `${method} ${connection}: ${answer}`);
+        assert.equal(closedAfter, true, `${method} ${connection}: closed after the answer`);
       }
       // Kept alive: no such line, and the connection serves the next request.
-      const { answers, closed } = await inTurn(door.port, ['POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ncontent-length: 2\r\n\r\n{}', 'GET /health HTTP/1.1\r\nhost: x\r\n\r\n']);
-      assert.equal(answers.length, 2);
-      assert.doesNotMatch(answers[0]!, /\r\nconnection: close\r\n/i);
-      assert.equal(closed, false);
+      const { lines, closedAfter } = await answerThenClose(door.port, 'POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\n{}');
+      assert.equal(lines, 0);
+      assert.equal(closedAfter, false);
     } finally {
       await door.stop();
       await Promise.all(nodes.map((n) => n.stop()));
     }
   });
 
-  it("says connection: close on its own answers too (refusals, its endpoints) to a client that asked for it, and on no other", async () => {
+  it("says connection: close, once, on its own answers too (refusals, its endpoints) to a client that asked for it, closes, and does neither for others", async () => {
     const nodes = await startNodes('cc-b');
     const door = await FrontDoor.start(doorConfig(nodes, { maxBodyBytes: 16 }));
-    const chunked = `POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n20\r\n${'x'.repeat(32)}\r\n0\r\n\r\n`;
+    const chunked = `POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ntransfer-encoding: chunked\r\nconnection: keep-alive, close\r\n\r\n20\r\n${'x'.repeat(32)}\r\n0\r\n\r\n`;
     try {
       const cases: [string, string, number][] = [
         ['a refusal before routing (no board)', 'POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}', 401],
+        ['a refusal before routing, close listed', 'POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: te, close\r\n\r\n{}', 401],
         ['a declared body over the limit', 'POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: cc\r\ncontent-length: 17\r\nconnection: close\r\n\r\n' + 'x'.repeat(17), 413],
         ['a chunked body over the limit (refused as it arrives)', chunked, 413],
         ['the 404', 'GET /nowhere HTTP/1.1\r\nhost: x\r\nconnection: keep-alive, close\r\n\r\n', 404],
+        ['the 404, close alone', 'GET /nowhere HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n', 404],
         ['an endpoint', 'GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n', 200],
+        ['an endpoint, close listed', 'GET /health HTTP/1.1\r\nhost: x\r\nconnection: keep-alive, close\r\n\r\n', 200],
         ['an endpoint, HEAD', 'HEAD /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n', 200],
         ["an endpoint's 405", 'POST /health HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n', 405],
         ["an endpoint's 400", 'GET /route HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n', 400],
         ['/stats (answered once the control plane replies)', 'GET /stats HTTP/1.1\r\nhost: x\r\nconnection: Close\r\n\r\n', 200],
+        ['/stats, close listed', 'GET /stats HTTP/1.1\r\nhost: x\r\nconnection: keep-alive, close\r\n\r\n', 200],
       ];
       for (const [what, request, status] of cases) {
-        // Resolves once the front door closes the connection (the test does not).
-        const raw = await rawExchange(door.url, request);
-        assert.match(raw, new RegExp(`^HTTP/1\\.1 ${status} `), what);
-        assert.match(raw, /\r\nconnection: close\r\n/i, what);
+        const { answer, lines, closedAfter } = await answerThenClose(door.port, request);
+        assert.match(answer, new RegExp(`^HTTP/1\\.1 ${status} `), what);
+        assert.equal(lines, 1, `${what}: ${answer}`);
+        assert.equal(closedAfter, true, `${what}: closed after the answer`);
       }
       // Asked for by none: no such line on the same kinds of answer, and the connection lives on.
       const { answers, closed } = await inTurn(door.port, [
         'POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}',
-        'GET /nowhere HTTP/1.1\r\nhost: x\r\n\r\n',
+        'GET /nowhere HTTP/1.1\r\nhost: x\r\nconnection: keep-alive\r\n\r\n',
         'GET /stats HTTP/1.1\r\nhost: x\r\n\r\n',
         'GET /health HTTP/1.1\r\nhost: x\r\n\r\n',
       ]);

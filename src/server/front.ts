@@ -60,12 +60,31 @@ export type ExtraHeader = readonly [name: string, value: string];
  * line (a 405's `allow`). `head`: the answer to a HEAD request, which says the body's length and
  * sends none.
  */
-function replyJson(res: HttpResponse, status: number, body: string, close = false, extra: ExtraHeader | null = null, head = false, clientClosed = false): void {
+function replyJson(res: HttpResponse, status: number, body: string, close = false, extra: ExtraHeader | null = null, head = false, asked: CloseAsk = CLOSE_NOT_ASKED): void {
   res.cork(() => {
     res.writeStatus(statusBytes(status)).writeHeader('content-type', JSON_TYPE);
     if (extra !== null) res.writeHeader(extra[0], extra[1]);
-    endJson(res, body, close, head, clientClosed);
+    endJson(res, body, close || asked !== CLOSE_NOT_ASKED, head, asked === CLOSE_UWS);
   });
+}
+
+/**
+ * What a request's connection field asks of its answer (RFC 9112 9.6: a client that sends
+ * `close` gets `close` back, and the connection ends after the answer). uWS 20.30 reads it its
+ * own way: a request whose first connection line is 5 characters long (`close`, but any 5) is
+ * marked, and uWS closes after its answer without saying so, even when told to close
+ * (`CLOSE_UWS`: the front door says it); a `close` in a list (`keep-alive, close`) it does not see
+ * (`CLOSE_LISTED`: the front door tells it to close, and it says so itself).
+ */
+type CloseAsk = 0 | 1 | 2;
+const CLOSE_NOT_ASKED = 0;
+const CLOSE_LISTED = 1;
+const CLOSE_UWS = 2;
+
+/** What a connection field value asks (`firstLength`: its first line's length, as uWS reads it). */
+function closeAsk(connection: string, firstLength: number): CloseAsk {
+  if (firstLength === 5) return CLOSE_UWS;
+  return connection !== '' && CLOSE_TOKEN.test(connection) ? CLOSE_LISTED : CLOSE_NOT_ASKED;
 }
 
 /**
@@ -73,25 +92,26 @@ function replyJson(res: HttpResponse, status: number, body: string, close = fals
  * never carries the body (a client would take it for a next answer), only its length; one that
  * should close says so, and the client closes (see endHeadAnswer).
  */
-function endJson(res: HttpResponse, body: string, close: boolean, head: boolean, clientClosed = false): number {
+function endJson(res: HttpResponse, body: string, close: boolean, head: boolean, uwsCloses = false): number {
   const bytes = Buffer.byteLength(body);
   if (head) {
     res.writeHeader('content-length', String(bytes));
-    endHeadAnswer(res, close || clientClosed);
+    endHeadAnswer(res, close);
     return 0;
   }
-  endBody(res, body, close, clientClosed);
+  endBody(res, body, close, uwsCloses);
   return bytes;
 }
 
 /**
- * Ends an answer with its body. `close`: the connection ends with it; uWS then says
- * `connection: close`, except to a client that said it first (it closes, but does not answer in
- * kind): the front door says it there (`clientClosed`; RFC 9112 9.6 asks for it).
+ * Ends an answer with its body. `close`: the connection ends with it, and uWS says
+ * `connection: close`, except where it closes on its own account (`uwsCloses`: the request's
+ * first connection line was 5 characters long, see CloseAsk): the front door says it there
+ * (RFC 9112 9.6), once.
  */
-function endBody(res: HttpResponse, body: RecognizedString, close: boolean, clientClosed: boolean): void {
-  if (clientClosed) res.writeHeader('connection', 'close');
-  res.end(body, close);
+function endBody(res: HttpResponse, body: RecognizedString, close: boolean, uwsCloses: boolean): void {
+  if (uwsCloses) res.writeHeader('connection', 'close');
+  res.end(body, close || uwsCloses);
 }
 
 /** A 204 or 304: no body, and no content-length (a 304's would be the 200's, not known here). */
@@ -101,11 +121,6 @@ function bodiless(status: number): boolean {
 
 /** A `connection` field value that lists `close`. */
 const CLOSE_TOKEN = /(?:^|,)[ \t]*close[ \t]*(?:,|$)/i;
-
-/** Whether a `connection` field value (as read, '' for none) lists `close`. */
-function listsClose(connection: string): boolean {
-  return connection !== '' && CLOSE_TOKEN.test(connection);
-}
 
 /**
  * Ends a HEAD answer, its content-length already written as a header line (or a 204 or 304,
@@ -165,8 +180,10 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   arrival: Arrival | null = null;
   /** The body of a failure answer, in bytes (for the access log). */
   private failureBytes = 0;
-  /** The client said `connection: close`: the answer says it too (RFC 9112 9.6), as uWS then closes. */
+  /** The client said `connection: close` (or uWS took it to): the answer says it too, and the connection ends (see CloseAsk). */
   closes = false;
+  /** uWS closes after the answer on its own account, without saying so (CLOSE_UWS). */
+  uwsCloses = false;
 
   constructor(
     private readonly front: WorkerFront,
@@ -353,7 +370,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
         .writeHeader('content-type', JSON_TYPE)
         .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0');
       if (failure.code === ErrorCodes.NODES_SHEDDING) res.writeHeader('retry-after', String(exchange.retryAfter));
-      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, detail), close, this.method === 'HEAD', this.closes);
+      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, detail), close, this.method === 'HEAD', this.uwsCloses);
       return;
     }
     // uWS writes `200 OK` itself when no status was written: one native call fewer for most.
@@ -370,7 +387,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     // uWS writes its own content-length; for HEAD the node's is relayed instead (see relay.ts),
     // and a 204 or 304 has none (RFC 9110 8.6).
     if (isHead || bodiless(exchange.status)) endHeadAnswer(res, close);
-    else endBody(res, exchange.body!, close, this.closes);
+    else endBody(res, exchange.body!, close, this.uwsCloses);
   }
 
   private writeReplicated(call: ReplicatedCall): void {
@@ -380,7 +397,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const runtime = this.route.runtime;
     if (failure !== null) {
       res.writeStatus(statusBytes(failure.status)).writeHeader('content-type', JSON_TYPE);
-      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close, this.method === 'HEAD', this.closes);
+      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close, this.method === 'HEAD', this.uwsCloses);
       return;
     }
     runtime.won(call.servedBy);
@@ -389,7 +406,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const isHead = this.method === 'HEAD';
     writeRelayedHeaders(res, call.headers, runtime.answerLines[2 * call.servedBy]!, isHead);
     if (isHead || bodiless(call.status)) endHeadAnswer(res, close);
-    else endBody(res, call.body!, close, this.closes);
+    else endBody(res, call.body!, close, this.uwsCloses);
   }
 
   /** The drain deadline passed with this request unanswered: answer it before connections close. */
@@ -404,7 +421,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   private reject(status: number, body: string, close: boolean): void {
     this.answered = true;
-    if (this.closes) this.front.closeAsked(this.res);
+    if (this.closes) this.front.closeAsked(this.res, this.uwsCloses ? CLOSE_UWS : CLOSE_LISTED);
     this.front.refuse(this.res, status, body, close, null, this.method === 'HEAD', this.arrival);
     this.finish();
   }
@@ -500,7 +517,7 @@ export class WorkerFront implements TunnelHost {
   private readonly respellings: RouteMatcher<BoundRoute> | null;
   private readonly histograms: NodeHistograms;
   /** `/stats` requests waiting for the control plane, and whether each is a HEAD. */
-  private readonly pendingStats = new Map<number, { res: HttpResponse; head: boolean; closes: boolean }>();
+  private readonly pendingStats = new Map<number, { res: HttpResponse; head: boolean; closes: CloseAsk }>();
   /** Proxied requests not yet answered or aborted. */
   private active = 0;
   /** Unfinished requests, newest first (an intrusive list: no allocation per request). */
@@ -810,7 +827,10 @@ export class WorkerFront implements TunnelHost {
         this.dropFraming(res);
         return false;
       }
-      if (listsClose(req.getHeader('connection'))) this.askedClose = res;
+      // Its first line, as uWS reads it (a list over several lines is not looked into).
+      const connection = req.getHeader('connection');
+      const how = closeAsk(connection, connection.length);
+      if (how !== CLOSE_NOT_ASKED) this.closeAsked(res, how);
       return true;
     };
     for (const [path, handler] of own) {
@@ -928,23 +948,24 @@ export class WorkerFront implements TunnelHost {
   }
 
   /**
-   * The response object of the last request that said `connection: close` and may yet get an
-   * answer of the front door's own: that answer says it too (RFC 9112 9.6; uWS closes such a
-   * connection, but writes the header only where it alone decides to close). Kept by response
-   * object, so it never carries over to another request.
+   * The response object of the last request that said `connection: close` (`askedHow`: see
+   * CloseAsk) and may yet get an answer of the front door's own: that answer says it too, and
+   * the connection ends. Kept by response object, so it never carries over to another request.
    */
   private askedClose: HttpResponse | null = null;
+  private askedHow: CloseAsk = CLOSE_NOT_ASKED;
 
-  /** @internal The request `res` answers said `connection: close` (see `askedClose`). */
-  closeAsked(res: HttpResponse): void {
+  /** @internal The request `res` answers asked for its connection to close (see `askedClose`). */
+  closeAsked(res: HttpResponse, how: CloseAsk): void {
     this.askedClose = res;
+    this.askedHow = how;
   }
 
-  /** Whether the request `res` answers said `connection: close`; forgets it. */
-  private tookClose(res: HttpResponse): boolean {
-    if (this.askedClose !== res) return false;
+  /** What the request `res` answers asked of its connection; forgets it. */
+  private tookClose(res: HttpResponse): CloseAsk {
+    if (this.askedClose !== res) return CLOSE_NOT_ASKED;
     this.askedClose = null;
-    return true;
+    return this.askedHow;
   }
 
   /**
@@ -1013,11 +1034,11 @@ export class WorkerFront implements TunnelHost {
     scan.begin(keyHeader ?? '', tickets === null ? '' : tickets.header);
     req.forEach(scanHeader);
     // Headers the connection field names are the client's hop's only (RFC 9110 7.6.1).
-    let closes = false;
+    let closes: CloseAsk = CLOSE_NOT_ASKED;
     if (scan.connection !== '') {
       dropConnectionNamed(scan.connection);
-      closes = listsClose(scan.connection);
-      if (closes) this.askedClose = res;
+      closes = closeAsk(scan.connection, scan.firstConnectionLength);
+      if (closes !== CLOSE_NOT_ASKED) this.closeAsked(res, closes);
     }
     const authority = this.forwardedFor ? req.getHeader('host') : '';
     if (this.forwardedFor) addForwarded(this.refusing === null ? clientAddress(res) : this.refusing.client, authority);
@@ -1136,8 +1157,9 @@ export class WorkerFront implements TunnelHost {
     }
     this.slot.bump(C_REQUESTS);
     const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region, turn);
-    if (closes) {
+    if (closes !== CLOSE_NOT_ASKED) {
       request.closes = true;
+      request.uwsCloses = closes === CLOSE_UWS;
       this.askedClose = null;
     }
     if (this.refusing !== null) {
@@ -1202,8 +1224,9 @@ const scan = {
   codings: '',
   /** The upgrade header ('' when none). */
   upgrade: '',
-  /** The connection header's list ('' when none). */
+  /** The connection header's list ('' when none), and its first line's length (-1: none). */
   connection: '',
+  firstConnectionLength: -1,
   idempotent: false,
   hostSeen: false,
   keySeen: false,
@@ -1222,6 +1245,7 @@ const scan = {
     this.codings = '';
     this.upgrade = '';
     this.connection = '';
+    this.firstConnectionLength = -1;
     this.idempotent = false;
     this.hostSeen = false;
     this.keySeen = false;
@@ -1260,6 +1284,7 @@ function scanHeader(name: string, value: string): void {
       break;
     case 10:
       if (name === 'connection') {
+        if (scan.firstConnectionLength < 0) scan.firstConnectionLength = value.length;
         scan.connection = scan.connection === '' ? value : `${scan.connection}, ${value}`;
         return;
       }
