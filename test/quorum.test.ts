@@ -11,7 +11,7 @@ import { UpstreamRequest, type AttemptSink } from '../src/forward/upstream.js';
 import { HeaderFields } from '../src/forward/fields.js';
 import { ReplicaSet, type ReplicaHost, type ReplicatedCall, type ReplicatedOwner } from '../src/replication/fanout.js';
 import { HELD_BUCKETS, HeldHints, HintStore, heldBucket, hintCost, keyHash, keyOfWrite, type HandoffHost, type HintEvent } from '../src/replication/hints.js';
-import { Requirement, VersionClock, compareVersions, type QuorumSettings } from '../src/replication/quorum.js';
+import { Requirement, VersionClock, compareVersions, sharesKeys, type QuorumSettings } from '../src/replication/quorum.js';
 import { parseFileConfig } from '../src/config/file.js';
 import { ConfigError } from '../src/errors.js';
 import { defaultSettings } from '../src/server/settings.js';
@@ -526,6 +526,27 @@ describe('fan-out over a hand-driven cluster', () => {
     assert.equal(owner.calls.length, 1);
     assert.equal(owner.calls[0]!.status, 204);
     assert.equal(set.hints.pending, 1, 'the stand-in acknowledged: a hint for a');
+  });
+
+  it('a replica that fails a sent write (a 5xx) gets a stand-in, unless a replica refused the write: that one is not outvoted', () => {
+    const cluster = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    const { owner, set } = start(cluster, {}, 'PUT');
+    cluster.answer('a', 503);
+    assert.equal(cluster.sentTo('d'), 1, 'd stands in for a');
+    assert.equal(cluster.sent.at(-1)!.request.headers.at(-1), 'a');
+    cluster.answer('d', 204);
+    cluster.answer('b', 204);
+    assert.equal(owner.calls[0]!.status, 204);
+    assert.equal(set.hints.pending, 1, 'a hint for a');
+    const refused = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    const second = start(refused, {}, 'PUT');
+    refused.answer('a', 409);
+    refused.answer('b', 409);
+    refused.answer('c', 503);
+    assert.equal(refused.sentTo('d'), 0, 'no stand-in once replicas refused it');
+    assert.equal(second.set.hints.pending, 0);
+    assert.equal(second.set.hints.bytesUsed, 0, 'no reservation left behind');
+    assert.equal(second.owner.calls[0]!.failure!.status, 502);
   });
 
   it('a write nothing could be sent for is a 503, not a 502', () => {
@@ -1173,6 +1194,8 @@ describe('replicated route: reads while a hint waits', () => {
     const route = (quorum: Partial<QuorumSettings>) => storeConfig(nodes, { threads: 1, routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: { ...QUORUM, ...quorum } }] });
     const first = await FrontDoor.start(route({ w: 2, r: 2 }));
     let second: FrontDoor | null = null;
+    let third: FrontDoor | null = null;
+    let fourth: FrontDoor | null = null;
     try {
       const refused: [Partial<QuorumSettings>, RegExp][] = [
         [{ w: 3, r: 1 }, /^route \/kv\/\*: quorum: r: a reload may raise it, not lower it \(2 -> 1\)/],
@@ -1188,15 +1211,50 @@ describe('replicated route: reads while a hint waits', () => {
         const put = await call(`${first.url}/kv/rq`, { method: 'PUT', body: 'x', fresh: true });
         assert.equal(put.headers['x-lakefront-acks'], '2/2');
       }
+      // The same keys under another pattern are the same data.
+      const renamed = storeConfig(nodes, { threads: 1, routes: [{ pattern: '/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: { ...QUORUM, w: 3, r: 1 } }] });
+      await assert.rejects(
+        first.reload(renamed).then((door) => (second = door)),
+        (err: Error) => err instanceof ConfigError && /^route \/\*: quorum: r: a reload may raise it, not lower it \(2 -> 1\).*\(keys route \/kv\/\* placed\)$/.test(err.message),
+      );
       second = await first.reload(route({ w: 3, r: 2 }));
       // A connection made as the old workers close their listening sockets may be reset (without
       // net.ipv4.tcp_migrate_req): asked once they have.
       await first.drained;
       const put = await call(`${second.url}/kv/rq`, { method: 'PUT', body: 'y', fresh: true });
       assert.equal(put.headers['x-lakefront-acks'], '3/3');
+      // Through a plain route and back, once the replicated ones have drained: not forgotten.
+      const plain = storeConfig(nodes, { threads: 1, routes: [{ pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null }] });
+      third = await second.reload(plain);
+      await second.drained;
+      await assert.rejects(
+        third.reload(route({ w: 3, r: 1 })).then((door) => (fourth = door)),
+        (err: Error) => err instanceof ConfigError && /^route \/kv\/\*: quorum: r: a reload may raise it, not lower it \(2 -> 1\)/.test(err.message),
+      );
+      // A replicated route whose keys no earlier one placed takes any quorum.
+      const beside = storeConfig(nodes, {
+        threads: 1,
+        routes: [
+          { pattern: '/kv/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: { ...QUORUM, w: 3, r: 2 } },
+          { pattern: '/other/*', cluster: 'store', policy: 'ring', keyHeader: null, quorum: { ...QUORUM, n: 2, w: 1, r: 2 } },
+        ],
+      });
+      fourth = await third.reload(beside);
     } finally {
-      await stopAll([first, second], nodes);
+      await stopAll([first, second, third, fourth], nodes);
     }
+  });
+
+  it('replicated routes share keys on one cluster by key header, or by paths both patterns take', () => {
+    const shape = (pattern: string, cluster = 'c', keyHeader: string | null = null) => ({ pattern, cluster, keyHeader, quorum: QUORUM });
+    assert.equal(sharesKeys(shape('/kv/*'), shape('/*')), true);
+    assert.equal(sharesKeys(shape('/*'), shape('/kv/*')), true);
+    assert.equal(sharesKeys(shape('/kv/*'), shape('/kv/a')), true);
+    assert.equal(sharesKeys(shape('/kv/a'), shape('/kv/a')), true);
+    assert.equal(sharesKeys(shape('/a/*'), shape('/b/*')), false);
+    assert.equal(sharesKeys(shape('/kv/a'), shape('/kv/b')), false);
+    assert.equal(sharesKeys(shape('/kv/*'), shape('/*', 'd')), false, 'another cluster');
+    assert.equal(sharesKeys(shape('/a/*', 'c', 'x-key'), shape('/b/*', 'c', 'x-key')), true, 'one key header');
   });
 
   it('a read of a key with no hint waiting asks only its replicas, in either worker, while a key sharing a replica has one', async () => {

@@ -447,10 +447,13 @@ export class ReplicatedCall implements AttemptSink {
 
   /**
    * A write's target failed (before or after sending, or with a 5xx): with sloppy quorums, a
-   * stand-in takes the write for the replica it was for, with a hint (see the top).
+   * stand-in takes the write for the replica it was for, with a hint (see the top); also once
+   * the answer is out (the replica still gets the write, by its hint), but not once a target has
+   * refused the write (it would reach that replica by a hint the others had refused).
    */
   private coverFailed(ordinal: number): void {
-    if (!this.set.settings.sloppy) return;
+    // A target that refused it (a 4xx: the write is wrong) is not outvoted by stand-ins.
+    if (!this.set.settings.sloppy || this.countState(REFUSED) > 0) return;
     const covered = this.standInFor[ordinal]!;
     if (this.standIn(covered >= 0 ? covered : this.targets[ordinal]!)) this.launch(this.targets.length - 1);
   }

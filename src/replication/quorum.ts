@@ -67,21 +67,48 @@ export function quorumProblem(settings: QuorumSettings, size: number): string | 
 }
 
 /**
- * Why a reload may not take a replicated route's quorum from `before` to `after` (null: it may;
- * seed 003: changing N/W/R at runtime must keep the nodes in agreement). Data acknowledged under
- * every earlier `w` is still on as few replicas as that `w` (read repair mends only the keys it
- * reads), so a read quorum may not shrink, nor the replica count (the keys' replicas would move
- * away from their data) or the consistency level change, short of a restart; and the old workers,
- * while they drain, read with `before.r` what the new ones write with `after.w`, so those must
- * meet as well. Raising `r`, or `w` within that, is taken.
+ * Why a reload may not take keys a replicated route placed under `before` to a route with
+ * `after` (null: it may; seed 003: changing N/W/R at runtime must keep the nodes in agreement).
+ * `before` is any configuration since start whose keys the new route may share (not only the
+ * last: a reload through a plain route and back must not forget), so data acknowledged under its
+ * `w` is still on as few replicas as that (read repair mends only the keys it reads): a read
+ * quorum may not shrink, nor the replica count (the keys' replicas would move away from their
+ * data) or the consistency level change, short of a restart. `draining`: `before` is a front
+ * door still draining, whose workers read with `before.r` what the new ones write with `after.w`,
+ * so those must meet as well. Raising `r`, or `w` within that, is taken.
  */
-export function reloadProblem(before: QuorumSettings, after: QuorumSettings): string | null {
+export function reloadProblem(before: QuorumSettings, after: QuorumSettings, draining: boolean): string | null {
   if (after.n !== before.n) return `n: a reload keeps ${before.n}, got ${after.n} (each key's replicas would change, away from its data; restart to change it)`;
   if (after.consistency !== before.consistency) return `consistency: a reload keeps ${before.consistency}, got ${after.consistency} (restart to change it)`;
   if (before.consistency !== 'quorum') return null;
   if (after.r < before.r) return `r: a reload may raise it, not lower it (${before.r} -> ${after.r}): writes acknowledged under an earlier w may be on too few replicas for a read of ${after.r} to meet (restart to lower it)`;
-  if (before.r + after.w <= after.n) return `w: ${after.w} is too few while the draining workers read with r ${before.r} (${before.r} + ${after.w} <= ${after.n})`;
+  if (draining && before.r + after.w <= after.n) return `w: ${after.w} is too few while the draining workers read with r ${before.r} (${before.r} + ${after.w} <= ${after.n})`;
   return null;
+}
+
+/** What a reload compares of a replicated route: where its keys live, and its quorum. */
+export interface ReplicatedShape {
+  readonly pattern: string;
+  /** The cluster's name. */
+  readonly cluster: string;
+  readonly keyHeader: string | null;
+  readonly quorum: QuorumSettings;
+}
+
+/**
+ * Whether two replicated routes may place the same keys: on one cluster, keyed by the same
+ * header, or by paths both patterns take (`/kv/*` and `/*`, not `/a/*` and `/b/*`).
+ */
+export function sharesKeys(a: ReplicatedShape, b: ReplicatedShape): boolean {
+  if (a.cluster !== b.cluster) return false;
+  if (a.keyHeader !== null && a.keyHeader === b.keyHeader) return true;
+  const prefix = (p: string): string => (p.endsWith('*') ? p.slice(0, -1) : p);
+  const [pa, pb] = [prefix(a.pattern), prefix(b.pattern)];
+  const [wa, wb] = [pa !== a.pattern, pb !== b.pattern];
+  if (wa && wb) return pa.startsWith(pb) || pb.startsWith(pa);
+  if (wa) return pb.startsWith(pa);
+  if (wb) return pa.startsWith(pb);
+  return pa === pb;
 }
 
 /**

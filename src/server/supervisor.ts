@@ -22,7 +22,7 @@ import { C_HINTS_EXPIRED, C_HINTS_LOST, CounterSlot, addTotals, counterBytes, en
 import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
 import { EtcdLeaderProbe } from '../membership/leader.js';
-import { quorumProblem, reloadProblem, versionLane, type QuorumSettings } from '../replication/quorum.js';
+import { quorumProblem, reloadProblem, sharesKeys, versionLane, type QuorumSettings, type ReplicatedShape } from '../replication/quorum.js';
 import { HeldHints, keyHash, keyOfWrite, type HeldRows } from '../replication/hints.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, SavedHint, WorkerInit, WorkerMessage } from './protocol.js';
 import { OWN_PATHS } from './protocol.js';
@@ -122,6 +122,13 @@ const EXIT_CONFIG = 78;
  */
 const VERSION_LANE = versionLane();
 
+/** A configuration's replicated routes, as a reload compares them (quorum.ts `sharesKeys`). */
+function replicatedShapes(routes: readonly RouteConfig[]): ReplicatedShape[] {
+  const out: ReplicatedShape[] = [];
+  for (const r of routes) if (r.quorum) out.push({ pattern: r.pattern, cluster: r.cluster, keyHeader: r.keyHeader, quorum: r.quorum });
+  return out;
+}
+
 interface WorkerHandle {
   readonly slot: number;
   worker: Worker;
@@ -180,6 +187,11 @@ export class FrontDoor extends EventEmitter {
   hintsSaved = 0;
   /** Started by `reload`: binds the port its predecessor's workers hold (SO_REUSEPORT). */
   private inheritsPort = false;
+  /**
+   * Every replicated route a configuration of this process has had, since start (a reload's
+   * successor inherits them): what a reload's quorum is checked against (`reloadProblem`).
+   */
+  private replicatedSeen: ReplicatedShape[];
   /** The front door a `reload` is starting or has started: this one's hints go to it. */
   private successor: FrontDoor | null = null;
   /**
@@ -228,6 +240,7 @@ export class FrontDoor extends EventEmitter {
     }
     this.ejection = { baseMs: ejectMs, maxMs: Math.max(MAX_EJECT_MS, ejectMs), maxPercent: ejectMaxPercent };
     this.config = config;
+    this.replicatedSeen = replicatedShapes(config.routes);
     this.host = config.host;
     this.threads = config.threads;
     this.nodes = [];
@@ -370,16 +383,18 @@ export class FrontDoor extends EventEmitter {
     if (this.successor !== null) throw new Error('a reload is already under way, or done: reload the front door that took over');
     if (config.host !== this.host) throw new ConfigError(`host: a reload keeps the address ${this.host}, got ${config.host} (restart to move it)`);
     if (config.port !== 0 && config.port !== this.port) throw new ConfigError(`port: a reload keeps port ${this.port}, got ${config.port} (restart to move it)`);
-    // A replicated route's quorum, against this front door's and those still draining before it.
-    for (const route of config.routes) {
-      if (!route.quorum) continue;
-      for (let p: FrontDoor | null = this; p !== null; p = p.predecessor) {
-        const before = p.config.routes.find((r) => r.pattern === route.pattern)?.quorum;
-        const problem = before ? reloadProblem(before, route.quorum) : null;
-        if (problem !== null) throw new ConfigError(`route ${route.pattern}: quorum: ${problem}`);
+    // A replicated route's quorum, against every one since start that may share its keys, and
+    // those of the front doors still draining.
+    const stillDraining = new Set<ReplicatedShape>();
+    for (let p: FrontDoor | null = this; p !== null; p = p.predecessor) for (const shape of replicatedShapes(p.config.routes)) stillDraining.add(shape);
+    for (const after of replicatedShapes(config.routes)) {
+      for (const before of [...this.replicatedSeen, ...stillDraining]) {
+        const problem = sharesKeys(before, after) ? reloadProblem(before.quorum, after.quorum, stillDraining.has(before)) : null;
+        if (problem !== null) throw new ConfigError(`route ${after.pattern}: quorum: ${problem}${before.pattern === after.pattern ? '' : ` (keys route ${before.pattern} placed)`}`);
       }
     }
     const next = new FrontDoor({ ...config, port: this.port });
+    next.replicatedSeen = [...this.replicatedSeen, ...next.replicatedSeen];
     next.inheritsPort = true;
     next.carryHolds(this);
     // Until their drains end, this front door and those still draining before it keep hints, and
