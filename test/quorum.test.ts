@@ -1662,6 +1662,10 @@ describe('replicated route: hints saved at a stop', () => {
       assert.deepEqual(loadHints(file), [], 'a line break in what becomes a request head: set aside');
       writeFileSync(file, JSON.stringify({ version: 1, hints: [{ ...injected, path: '/kv/x', headers: ['odd'] }] }));
       assert.deepEqual(loadHints(file), [], 'headers not in name/value pairs: set aside');
+      writeFileSync(file, JSON.stringify({ version: 1, hints: [{ ...injected, path: '/kv/x', key: 7 }] }));
+      assert.deepEqual(loadHints(file), [], 'a key that is not a string: set aside');
+      writeFileSync(file, JSON.stringify({ version: 1, hints: [{ ...injected, path: '/kv/x', key: '/kv/x' }] }));
+      assert.equal(loadHints(file).length, 1, 'and one that is, taken');
       // Its line on stderr quotes none of the file (V8's own message would: a hints file holds
       // requests' headers).
       writeFileSync(file, '{"version":1,"hints":[{"headers":["authorization",Bearer s3cr3t-token]}]}');

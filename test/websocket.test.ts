@@ -177,7 +177,7 @@ describe('WebSocket tunnels', () => {
   });
 
   it("relays the node's own header lines on the 101 (a cookie set at the upgrade), not hop-by-hop or handshake ones", async () => {
-    for (const n of nodes) n.upgradeHeaders = ['Set-Cookie: a=1', 'Set-Cookie: b=2', 'X-Node-Custom: hello', 'Keep-Alive: timeout=5', 'Connection: x-hop', 'X-Hop: 1', 'Sec-WebSocket-Extensions-Note: x'];
+    for (const n of nodes) n.upgradeHeaders = ['Set-Cookie: a=1', 'Set-Cookie: b=2', 'X-Node-Custom: hello', 'X-Name: café', 'Keep-Alive: timeout=5', 'Connection: x-hop', 'X-Hop: 1', 'Sec-WebSocket-Extensions-Note: x'];
     const ws = track(connect(door.url, 'ws-board-101', ['chat.v2']));
     // 'open' follows 'upgrade' in the same tick: both awaited from the start.
     const upgraded = once(ws, 'upgrade') as Promise<[import('node:http').IncomingMessage]>;
@@ -186,6 +186,7 @@ describe('WebSocket tunnels', () => {
     const h = response.headers;
     assert.deepEqual(h['set-cookie'], ['a=1', 'b=2']);
     assert.equal(h['x-node-custom'], 'hello');
+    assert.equal(h['x-name'], Buffer.from('café').toString('latin1'), 'the bytes the node sent (UTF-8), not encoded again');
     assert.equal(h['keep-alive'], undefined, 'hop-by-hop');
     assert.equal(h['x-hop'], undefined, "named by the node's connection field: its hop's");
     assert.equal(h['sec-websocket-extensions-note'], undefined, 'the handshake is uWS\'s to write');

@@ -1189,7 +1189,7 @@ export function loadHints(file: string): SavedHint[] {
       const ok =
         typeof h.route === 'string' && typeof h.node === 'string' && /^[A-Z]+$/.test(String(h.method)) && line(h.path) &&
         Array.isArray(h.headers) && h.headers.length % 2 === 0 && h.headers.every(line) && typeof h.expiresAt === 'number' &&
-        (h.body === null || typeof h.body === 'string');
+        (h.body === null || typeof h.body === 'string') && (h.key === undefined || typeof h.key === 'string');
       if (!ok) throw new Error('a hint of the wrong shape');
       return { ...(h as unknown as SavedHint), body: h.body === null ? null : Buffer.from(h.body as string, 'base64') };
     });

@@ -136,7 +136,8 @@ function writeNodeHeaders(res: HttpResponse, fields: readonly (readonly [string,
   for (const [name, value] of fields) {
     if (name === 'date' || name === 'content-length' || name === SERVED_BY_HEADER || name === ticketHeader || DROPPED_REQUEST_HEADERS.has(name) || named?.includes(name)) continue;
     if (upgrade && name.startsWith('sec-websocket-')) continue;
-    res.writeHeader(name, value);
+    // Read as latin1: written back as the same bytes (a string would go out as UTF-8).
+    res.writeHeader(name, Buffer.from(value, 'latin1'));
   }
 }
 
