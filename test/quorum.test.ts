@@ -1133,7 +1133,15 @@ describe('replicated route: reads while a hint waits', () => {
     const servedBy = () => a.received.some((r) => r.method === 'GET' && r.headers['x-forwarded-for'] !== undefined);
     for (let i = 0; !servedBy(); i++) {
       assert.ok(i < 50, 'the new front door took none of 50 connections');
-      const got = await call(`${door.url}${key}`, { fresh: true });
+      let got;
+      try {
+        got = await call(`${door.url}${key}`, { fresh: true });
+      } catch (err) {
+        // A connection made as a front door's old workers close their listening sockets is
+        // reset without net.ipv4.tcp_migrate_req (the front door says so at a reload): another.
+        if ((err as NodeJS.ErrnoException).code === 'ECONNRESET') continue;
+        throw err;
+      }
       assert.equal(got.text, 'fresh', `read ${i} (${got.status})`);
     }
   }

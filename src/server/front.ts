@@ -84,7 +84,9 @@ const CLOSE_UWS = 2;
 /** What a connection field value asks (`firstLength`: its first line's length, as uWS reads it). */
 function closeAsk(connection: string, firstLength: number): CloseAsk {
   if (firstLength === 5) return CLOSE_UWS;
-  return connection !== '' && CLOSE_TOKEN.test(connection) ? CLOSE_LISTED : CLOSE_NOT_ASKED;
+  // Most clients that send the field send this (autocannon with every request): no regex.
+  if (connection === 'keep-alive' || connection === 'Keep-Alive' || connection === '') return CLOSE_NOT_ASKED;
+  return CLOSE_TOKEN.test(connection) ? CLOSE_LISTED : CLOSE_NOT_ASKED;
 }
 
 /**
