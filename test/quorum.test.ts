@@ -90,6 +90,20 @@ async function stampedConnection(port: number): Promise<[Socket, string]> {
   return [socket, version[1]!.slice(-3)];
 }
 
+/**
+ * Kept-alive connections until two reach different worker threads (a write's version ends with
+ * its worker's stamp); all of them go into `sockets` (to be destroyed). Returns those two.
+ */
+async function twoWorkers(port: number, sockets: Socket[]): Promise<[Socket, Socket]> {
+  const [one, oneStamp] = await stampedConnection(port);
+  sockets.push(one);
+  for (;;) {
+    const [socket, stamp] = await stampedConnection(port);
+    sockets.push(socket);
+    if (stamp !== oneStamp) return [one, socket];
+  }
+}
+
 function storeConfig(nodes: readonly { id: string; url: string }[], overrides: Partial<FrontDoorConfig> = {}): FrontDoorConfig {
   return {
     host: '127.0.0.1',
@@ -1276,15 +1290,7 @@ describe('replicated route: reads while a hint waits', () => {
     const door = await FrontDoor.start(storeConfig(nodes));
     const sockets: Socket[] = [];
     try {
-      // Two connections to the two workers: a write's version ends with its worker's stamp.
-      const [one, oneStamp] = await stampedConnection(door.port);
-      sockets.push(one);
-      for (;;) {
-        const [socket, stamp] = await stampedConnection(door.port);
-        sockets.push(socket);
-        if (stamp !== oneStamp) break;
-      }
-      const two = sockets.at(-1)!;
+      const [one, two] = await twoWorkers(door.port, sockets);
       assert.match(await exchangeOn(one, `PUT ${other} HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\ncalm`), /^HTTP\/1\.1 204/);
       // The first worker keeps the hints of a write a and b missed; they come back refusing them.
       await takeDown(door, a, b);
@@ -1334,15 +1340,7 @@ describe('replicated route: reads while a hint waits', () => {
     const sockets: Socket[] = [];
     try {
       assert.equal((await call(`${first.url}${shared}`, { method: 'PUT', body: 'calm' })).status, 204);
-      // Two connections to the two workers: a write's version ends with its worker's stamp.
-      const [one, oneStamp] = await stampedConnection(first.port);
-      sockets.push(one);
-      for (;;) {
-        const [other, stamp] = await stampedConnection(first.port);
-        sockets.push(other);
-        if (stamp !== oneStamp) break;
-      }
-      const other = sockets.at(-1)!;
+      const [one, other] = await twoWorkers(first.port, sockets);
       // The write whose hints the first worker keeps.
       await takeDown(first, set.a, set.b);
       assert.match(await exchangeOn(one, `PUT ${key} HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nfresh`), /^HTTP\/1\.1 204/);
@@ -1422,14 +1420,21 @@ describe('replicated route: reads while a hint waits', () => {
 });
 
 describe('replicated route: hints saved at a stop', () => {
-  it('a stop saves the hints not yet handed over, and the next start hands them over', async () => {
-    const nodes = await startReplicas('s-a', 's-b', 's-c', 's-d');
+  const key = '/kv/saved';
+
+  /** Replicas `ids`, a hints file in a fresh directory, and the first replica of `key`. */
+  async function withHintsFile(...names: string[]) {
+    const nodes = await startReplicas(...names);
     const ids = nodes.map((n) => n.id);
     const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
     const hintsFile = join(dir, 'hints.json');
     const config = storeConfig(nodes, { hintsFile });
-    const key = '/kv/saved';
     const down = nodes.find((n) => n.id === preference(ids, key)[0])!;
+    return { nodes, ids, dir, hintsFile, config, down };
+  }
+
+  it('a stop saves the hints not yet handed over, and the next start hands them over', async () => {
+    const { nodes, ids, dir, hintsFile, config, down } = await withHintsFile('s-a', 's-b', 's-c', 's-d');
     try {
       down.healthy = false;
       const first = await FrontDoor.start(config);
@@ -1472,13 +1477,7 @@ describe('replicated route: hints saved at a stop', () => {
   });
 
   it('hints taken back from a hints file are known by key (one an earlier version wrote, without keys, too)', async () => {
-    const nodes = await startReplicas('sk-a', 'sk-b', 'sk-c', 'sk-d', 'sk-e');
-    const ids = nodes.map((n) => n.id);
-    const dir = mkdtempSync(join(tmpdir(), 'lf-hints-'));
-    const hintsFile = join(dir, 'hints.json');
-    const config = storeConfig(nodes, { hintsFile });
-    const key = '/kv/saved';
-    const down = nodes.find((n) => n.id === preference(ids, key)[0])!;
+    const { nodes, ids, dir, hintsFile, config, down } = await withHintsFile('sk-a', 'sk-b', 'sk-c', 'sk-d', 'sk-e');
     const other = keySharing(ids, down.id, key);
     const pastOf = (k: string) => nodes.filter((n) => !preference(ids, k).slice(0, 3).includes(n.id));
     const asked = (k: string) => pastOf(k).reduce((sum, n) => sum + n.received.filter((r) => r.method === 'GET' && r.path === k).length, 0);
