@@ -316,16 +316,22 @@ describe('WebSocket tunnels', () => {
     assert.equal(closedWith, 0, 'not closed for its backlog');
   });
 
-  it('ends a tunnel whose message is larger than --max-body-bytes: cut from the client, 1009 from the node', async () => {
+  it('ends a tunnel whose message is larger than --max-body-bytes: cut from the client, 1009 from the node; a client text that is not UTF-8: 1007 to the node', async () => {
     const [home] = await ranking(door.url, 'ws-board-7');
     const node = byId(home!);
     const fromClient = track(connect(door.url, 'ws-board-7'));
     await opened(fromClient);
     const atNode = nodeClose(node);
     fromClient.send(Buffer.alloc(1024 * 1024 + 1), { binary: true });
-    // uWS closes such a client's connection without a close frame.
+    // uWS closes such a client's connection without a close frame; the node is told why.
     assert.equal((await closed(fromClient)).code, 1006);
-    assert.equal((await atNode).code, 1006, 'and the node\'s connection is cut too');
+    assert.deepEqual(await atNode, { code: 1009, reason: 'the client sent a message over the limit' });
+    const notUtf8 = track(connect(door.url, 'ws-board-7'));
+    await opened(notUtf8);
+    const atNode2 = nodeClose(node);
+    notUtf8.send(Buffer.from([0x61, 0xff, 0xfe]), { binary: false });
+    assert.equal((await closed(notUtf8)).code, 1006);
+    assert.deepEqual(await atNode2, { code: 1007, reason: 'the client sent a text message that is not UTF-8' });
     const fromNode = track(connect(door.url, 'ws-board-7'));
     await opened(fromNode);
     fromNode.send(`flood:1:${1024 * 1024 + 1}`);

@@ -120,6 +120,13 @@ interface Tunnel {
   upstreamClosed: boolean;
 }
 
+/** What uWS 20.30 says (with 1006) when it cuts a client, and what the node is closed with then. */
+const CLIENT_FAULTS: ReadonlyMap<string, readonly [number, string]> = new Map([
+  ['Received invalid UTF-8', [1007, 'the client sent a text message that is not UTF-8']],
+  ['Received too big message', [1009, 'the client sent a message over the limit']],
+  ['WebSocket timed out from inactivity', [1001, 'the client stopped answering']],
+]);
+
 /** The status uWS's `upgrade` writes: written first, header lines may follow it. */
 const SWITCHING_PROTOCOLS = '101 Switching Protocols';
 
@@ -525,7 +532,13 @@ export class WebSocketTunnels {
   private clientClosed(tunnel: Tunnel, code: number, message: ArrayBuffer): void {
     tunnel.clientClosed = true;
     tunnel.client = null;
-    this.closeUpstream(tunnel, code, Buffer.copyBytesFrom(new Uint8Array(message)));
+    const reason = Buffer.copyBytesFrom(new Uint8Array(message));
+    // uWS cuts a client that broke the protocol in a way it names (1006 and its own words): the
+    // node is told why with the code the client's close would have carried (as through nginx,
+    // where the node reads the bad frame itself), rather than cut too.
+    const told = code === 1006 ? CLIENT_FAULTS.get(reason.toString('latin1')) : undefined;
+    if (told !== undefined) this.closeUpstream(tunnel, told[0], told[1]);
+    else this.closeUpstream(tunnel, code, reason);
   }
 
   /** Closes the node's side with `code` (1006: cut; a code that cannot be sent: no code). */
