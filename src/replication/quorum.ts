@@ -220,7 +220,7 @@ export class VersionClock {
 
   constructor(
     stamp: number,
-    private readonly lane: BigInt64Array = new BigInt64Array(new SharedArrayBuffer(8)),
+    private readonly lane: BigInt64Array = new BigInt64Array(versionLane()),
     private readonly nowMs: () => number = Date.now,
     private readonly fineMs: () => number = () => performance.timeOrigin + performance.now(),
   ) {

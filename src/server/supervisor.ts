@@ -123,6 +123,12 @@ const EXIT_CONFIG = 78;
 const VERSION_LANE = versionLane();
 
 /** A configuration's replicated routes, as a reload compares them (quorum.ts `sharesKeys`). */
+/** Whether two replicated routes are alike in all a reload compares. */
+function sameShape(a: ReplicatedShape, b: ReplicatedShape): boolean {
+  const [p, q] = [a.quorum, b.quorum];
+  return a.pattern === b.pattern && a.cluster === b.cluster && a.keyHeader === b.keyHeader && p.n === q.n && p.w === q.w && p.r === q.r && p.consistency === q.consistency;
+}
+
 function replicatedShapes(routes: readonly RouteConfig[]): ReplicatedShape[] {
   const out: ReplicatedShape[] = [];
   for (const r of routes) if (r.quorum) out.push({ pattern: r.pattern, cluster: r.cluster, keyHeader: r.keyHeader, quorum: r.quorum });
@@ -192,6 +198,8 @@ export class FrontDoor extends EventEmitter {
    * successor inherits them): what a reload's quorum is checked against (`reloadProblem`).
    */
   private replicatedSeen: ReplicatedShape[];
+  /** This configuration's replicated routes (the same objects as in `replicatedSeen`). */
+  private readonly replicated: ReplicatedShape[];
   /** The front door a `reload` is starting or has started: this one's hints go to it. */
   private successor: FrontDoor | null = null;
   /**
@@ -240,7 +248,8 @@ export class FrontDoor extends EventEmitter {
     }
     this.ejection = { baseMs: ejectMs, maxMs: Math.max(MAX_EJECT_MS, ejectMs), maxPercent: ejectMaxPercent };
     this.config = config;
-    this.replicatedSeen = replicatedShapes(config.routes);
+    this.replicated = replicatedShapes(config.routes);
+    this.replicatedSeen = this.replicated;
     this.host = config.host;
     this.threads = config.threads;
     this.nodes = [];
@@ -385,16 +394,19 @@ export class FrontDoor extends EventEmitter {
     if (config.port !== 0 && config.port !== this.port) throw new ConfigError(`port: a reload keeps port ${this.port}, got ${config.port} (restart to move it)`);
     // A replicated route's quorum, against every one since start that may share its keys, and
     // those of the front doors still draining.
-    const stillDraining = new Set<ReplicatedShape>();
-    for (let p: FrontDoor | null = this; p !== null; p = p.predecessor) for (const shape of replicatedShapes(p.config.routes)) stillDraining.add(shape);
+    const drainingShapes: ReplicatedShape[] = [];
+    for (let p: FrontDoor | null = this; p !== null; p = p.predecessor) drainingShapes.push(...p.replicated);
     for (const after of replicatedShapes(config.routes)) {
-      for (const before of [...this.replicatedSeen, ...stillDraining]) {
-        const problem = sharesKeys(before, after) ? reloadProblem(before.quorum, after.quorum, stillDraining.has(before)) : null;
-        if (problem !== null) throw new ConfigError(`route ${after.pattern}: quorum: ${problem}${before.pattern === after.pattern ? '' : ` (keys route ${before.pattern} placed)`}`);
+      for (const [earlier, stillDraining] of [[this.replicatedSeen, false], [drainingShapes, true]] as const) {
+        for (const before of earlier) {
+          const problem = sharesKeys(before, after) ? reloadProblem(before.quorum, after.quorum, stillDraining) : null;
+          if (problem !== null) throw new ConfigError(`route ${after.pattern}: quorum: ${problem}${before.pattern === after.pattern ? '' : ` (keys route ${before.pattern} placed)`}`);
+        }
       }
     }
     const next = new FrontDoor({ ...config, port: this.port });
-    next.replicatedSeen = [...this.replicatedSeen, ...next.replicatedSeen];
+    // One of each (a reload of the same configuration adds nothing to compare against).
+    next.replicatedSeen = [...this.replicatedSeen, ...next.replicated.filter((s) => !this.replicatedSeen.some((seen) => sameShape(seen, s)))];
     next.inheritsPort = true;
     next.carryHolds(this);
     // Until their drains end, this front door and those still draining before it keep hints, and
