@@ -182,10 +182,8 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   arrival: Arrival | null = null;
   /** The body of a failure answer, in bytes (for the access log). */
   private failureBytes = 0;
-  /** The client said `connection: close` (or uWS took it to): the answer says it too, and the connection ends (see CloseAsk). */
-  closes = false;
-  /** uWS closes after the answer on its own account, without saying so (CLOSE_UWS). */
-  uwsCloses = false;
+  /** What the client's connection field asked (see CloseAsk): asked, the answer says `close` too, and the connection ends. */
+  asked: CloseAsk = CLOSE_NOT_ASKED;
 
   constructor(
     private readonly front: WorkerFront,
@@ -359,7 +357,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const exchange = this.exchange!;
     const runtime = this.route.runtime;
     const res = this.res;
-    const close = this.front.draining || this.closes;
+    const close = this.front.draining || this.asked !== CLOSE_NOT_ASKED;
     const failure = exchange.failure;
     if (failure !== null) {
       const attempted: string[] = [];
@@ -372,7 +370,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
         .writeHeader('content-type', JSON_TYPE)
         .writeHeader(HEDGED_HEADER, exchange.hedged ? '1' : '0');
       if (failure.code === ErrorCodes.NODES_SHEDDING) res.writeHeader('retry-after', String(exchange.retryAfter));
-      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, detail), close, this.method === 'HEAD', this.uwsCloses);
+      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, detail), close, this.method === 'HEAD', this.asked === CLOSE_UWS);
       return;
     }
     // uWS writes `200 OK` itself when no status was written: one native call fewer for most.
@@ -389,17 +387,17 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     // uWS writes its own content-length; for HEAD the node's is relayed instead (see relay.ts),
     // and a 204 or 304 has none (RFC 9110 8.6).
     if (isHead || bodiless(exchange.status)) endHeadAnswer(res, close);
-    else endBody(res, exchange.body!, close, this.uwsCloses);
+    else endBody(res, exchange.body!, close, this.asked === CLOSE_UWS);
   }
 
   private writeReplicated(call: ReplicatedCall): void {
     const res = this.res;
-    const close = this.front.draining || this.closes;
+    const close = this.front.draining || this.asked !== CLOSE_NOT_ASKED;
     const failure = call.failure;
     const runtime = this.route.runtime;
     if (failure !== null) {
       res.writeStatus(statusBytes(failure.status)).writeHeader('content-type', JSON_TYPE);
-      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close, this.method === 'HEAD', this.uwsCloses);
+      this.failureBytes = endJson(res, errorBody(failure.message, failure.code, { acks: call.acks, required: call.required, replicas: failure.replicas }), close, this.method === 'HEAD', this.asked === CLOSE_UWS);
       return;
     }
     runtime.won(call.servedBy);
@@ -408,7 +406,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const isHead = this.method === 'HEAD';
     writeRelayedHeaders(res, call.headers, runtime.answerLines[2 * call.servedBy]!, isHead);
     if (isHead || bodiless(call.status)) endHeadAnswer(res, close);
-    else endBody(res, call.body!, close, this.uwsCloses);
+    else endBody(res, call.body!, close, this.asked === CLOSE_UWS);
   }
 
   /** The drain deadline passed with this request unanswered: answer it before connections close. */
@@ -423,7 +421,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   private reject(status: number, body: string, close: boolean): void {
     this.answered = true;
-    if (this.closes) this.front.closeAsked(this.res, this.uwsCloses ? CLOSE_UWS : CLOSE_LISTED);
+    if (this.asked !== CLOSE_NOT_ASKED) this.front.closeAsked(this.res, this.asked);
     this.front.refuse(this.res, status, body, close, null, this.method === 'HEAD', this.arrival);
     this.finish();
   }
@@ -1160,8 +1158,7 @@ export class WorkerFront implements TunnelHost {
     this.slot.bump(C_REQUESTS);
     const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region, turn);
     if (closes !== CLOSE_NOT_ASKED) {
-      request.closes = true;
-      request.uwsCloses = closes === CLOSE_UWS;
+      request.asked = closes;
       this.askedClose = null;
     }
     if (this.refusing !== null) {
