@@ -1130,6 +1130,109 @@ describe('front door: workers', () => {
   });
 });
 
+/** `bytes` ASCII characters that do not repeat with any short period (an offset error shows). */
+function unevenText(bytes: number): string {
+  const out = Buffer.allocUnsafe(bytes);
+  let x = 12345;
+  for (let i = 0; i < bytes; i++) {
+    x = (x * 1103515245 + 12345) >>> 0;
+    out[i] = 97 + ((x >>> 16) % 26);
+  }
+  return out.toString('latin1');
+}
+
+/**
+ * One request over a raw connection whose reader stops after the first bytes of the answer and
+ * reads on once `resume` settles. Resolves with the answer's head and its body bytes as read
+ * until the connection closed (`closed`) or (unless `untilClose`) the body's length was read.
+ */
+async function readLate(port: number, request: string, resume: (firstBytes: Promise<void>) => Promise<unknown>, untilClose = false): Promise<{ head: string; body: Buffer; closed: boolean }> {
+  const socket = connect(port, '127.0.0.1');
+  const chunks: Buffer[] = [];
+  let total = 0;
+  let length = -1;
+  let headBytes = -1;
+  let head = '';
+  let closed = false;
+  const first = new Promise<void>((resolve) => socket.once('data', () => resolve()));
+  const done = new Promise<void>((resolve) => {
+    socket.on('data', (chunk: Buffer) => {
+      chunks.push(chunk);
+      total += chunk.length;
+      if (headBytes < 0) {
+        const all = Buffer.concat(chunks);
+        const end = all.indexOf('\r\n\r\n');
+        if (end < 0) return;
+        headBytes = end + 4;
+        head = all.subarray(0, end).toString('latin1');
+        length = Number(/\r\ncontent-length: (\d+)/i.exec(head)?.[1] ?? -1);
+      }
+      if (!untilClose && length >= 0 && total - headBytes >= length) resolve();
+    });
+    socket.on('close', () => {
+      closed = true;
+      resolve();
+    });
+  });
+  socket.on('error', () => {});
+  socket.write(request);
+  await first;
+  socket.pause();
+  await resume(first);
+  socket.resume();
+  await done;
+  const body = Buffer.concat(chunks).subarray(Math.max(headBytes, 0));
+  socket.destroy();
+  return { head, body, closed };
+}
+
+describe('front door: large answers to clients that read late', () => {
+  const BIG = unevenText(8 * 1024 * 1024);
+  let nodes: FakeNode[];
+  before(async () => {
+    nodes = await startNodes('big-a');
+    nodes[0]!.behaviour = { kind: 'answer', body: BIG };
+  });
+  after(() => Promise.all(nodes.map((n) => n.stop())));
+
+  it('sends every byte of an 8 MiB answer, in order, once the client reads; where the client asked to close, closes after it, saying so once', async () => {
+    const door = await FrontDoor.start(doorConfig(nodes, { hedgeMode: 'off', maxResponseBytes: 16 * 1024 * 1024 }));
+    try {
+      const ask = (connection: string): string => `GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: late${connection}\r\n\r\n`;
+      // The client reads on once the front door has answered another request meanwhile.
+      const kept = await readLate(door.port, ask(''), () => rpc(door.url, 'query.execute', 'meanwhile'));
+      assert.equal(kept.body.length, BIG.length);
+      assert.ok(kept.body.equals(Buffer.from(BIG, 'latin1')), 'the body arrived as the node sent it');
+      assert.equal(kept.closed, false, 'a keep-alive answer leaves the connection open');
+      // Read until the connection closes: the whole body came before the close, and nothing after it.
+      const closing = await readLate(door.port, ask('\r\nconnection: close'), () => rpc(door.url, 'query.execute', 'meanwhile'), true);
+      assert.ok(closing.closed);
+      assert.ok(closing.body.equals(Buffer.from(BIG, 'latin1')));
+      assert.equal(closing.head.match(/\r\nconnection: close/gi)?.length, 1, closing.head);
+    } finally {
+      await door.stop();
+    }
+  });
+
+  it('a stop waits for a client still reading a large answer (until the drain deadline), then closes: the client has all of it', async () => {
+    const door = await FrontDoor.start(doorConfig(nodes, { hedgeMode: 'off', maxResponseBytes: 16 * 1024 * 1024, drainTimeoutMs: 10_000 }));
+    let stopped = false;
+    let stopping: Promise<void> | null = null;
+    const answer = await readLate(door.port, 'GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: drain-late\r\n\r\n', async () => {
+      stopping = door.stop().then(() => {
+        stopped = true;
+      });
+      // Long past the drain's quiet period (100 ms), in which a front door that counted the
+      // answer as done would have closed the connection with the rest unsent.
+      await Promise.race([stopping, new Promise((resolve) => setTimeout(resolve, 500))]);
+    });
+    assert.equal(stopped, false, 'the stop waited for the answer');
+    await stopping;
+    assert.equal(answer.body.length, BIG.length);
+    assert.ok(answer.body.equals(Buffer.from(BIG, 'latin1')));
+  });
+});
+
 describe('front door: the drain deadline', () => {
   it('answers every request still unanswered before it closes: 502 for a bare write that may have landed, 503 otherwise', async () => {
     const nodes = await startNodes('d-a', 'd-b');

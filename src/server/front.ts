@@ -49,6 +49,13 @@ const DRAIN_QUIET_MS = 100;
 /** A refused body declared up to this size is read and dropped, not cut off (see `proxy`). */
 const LINGER_BYTES = 16 * 1024 * 1024;
 
+/**
+ * A relayed body larger than this is handed to uWS only as fast as the client takes it (see
+ * `sendBody`); a smaller one is ended in one call, whatever the client does with it. Not below
+ * the upstream read buffer's size (h1.ts), so a body held on is never a view into that buffer.
+ */
+export const STREAM_BODY_BYTES = 64 * 1024;
+
 
 const JSON_TYPE = 'application/json';
 
@@ -184,6 +191,8 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   private failureBytes = 0;
   /** What the client's connection field asked (see CloseAsk): asked, the answer says `close` too, and the connection ends. */
   asked: CloseAsk = CLOSE_NOT_ASKED;
+  /** A large answer's body while the client has not taken it all (see `sendBody`). */
+  private unsent: Buffer | null = null;
 
   constructor(
     private readonly front: WorkerFront,
@@ -211,6 +220,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   onAborted(): void {
     this.aborted = true;
+    this.unsent = null;
     // As nginx logs it: 499, the client closed the connection before its answer.
     if (!this.answered && this.arrival !== null) this.log(499, null, false, 0);
     this.exchange?.cancel();
@@ -324,7 +334,40 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     this.res.cork(writeCorked);
     corked = null;
     if (this.arrival !== null) this.logAnswer();
-    this.finish();
+    // A large body the client has not taken yet: finished when it has (or goes away).
+    if (this.unsent === null) this.finish();
+  }
+
+  /**
+   * Ends a relayed answer with its body. A large one goes with `tryEnd`: what the client's
+   * connection cannot take now stays here (the body is held until then anyway) instead of being
+   * copied into uWS's backpressure, and goes on as the client reads (`onWritable`). Either way
+   * uWS closes a connection whose answer has made no progress for 10 s (its idle timeout; nginx's
+   * send_timeout is 60 s). An answer that closes the connection where uWS would not on its own
+   * ends with `end` (`tryEnd` cannot close).
+   */
+  private sendBody(body: Buffer, close: boolean): void {
+    const res = this.res;
+    const uwsCloses = this.asked === CLOSE_UWS;
+    if (body.length <= STREAM_BODY_BYTES || (close && !uwsCloses)) {
+      endBody(res, body, close, uwsCloses);
+      return;
+    }
+    if (uwsCloses) res.writeHeader('connection', 'close');
+    if (res.tryEnd(body, body.length)[1]) return;
+    this.unsent = body;
+    res.onWritable((offset) => this.sendMore(offset));
+  }
+
+  /** The client took some of a large answer: the next part (`offset`: the body bytes it has). */
+  private sendMore(offset: number): boolean {
+    const body = this.unsent!;
+    const [ok, done] = this.res.tryEnd(body.subarray(offset), body.length);
+    if (done) {
+      this.unsent = null;
+      this.finish();
+    }
+    return ok;
   }
 
   /** The access log's line for the answer just written. */
@@ -387,7 +430,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     // uWS writes its own content-length; for HEAD the node's is relayed instead (see relay.ts),
     // and a 204 or 304 has none (RFC 9110 8.6).
     if (isHead || bodiless(exchange.status)) endHeadAnswer(res, close);
-    else endBody(res, exchange.body!, close, this.asked === CLOSE_UWS);
+    else this.sendBody(exchange.body!, close);
   }
 
   private writeReplicated(call: ReplicatedCall): void {
@@ -406,7 +449,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const isHead = this.method === 'HEAD';
     writeRelayedHeaders(res, call.headers, runtime.answerLines[2 * call.servedBy]!, isHead);
     if (isHead || bodiless(call.status)) endHeadAnswer(res, close);
-    else endBody(res, call.body!, close, this.asked === CLOSE_UWS);
+    else this.sendBody(call.body!, close);
   }
 
   /** The drain deadline passed with this request unanswered: answer it before connections close. */
