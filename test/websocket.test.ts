@@ -338,6 +338,41 @@ describe('WebSocket tunnels', () => {
     assert.equal((await closed(fromNode)).code, 1009);
   });
 
+  it('relays a burst of small messages sent at once (many to a read, written to the node together) in order both ways, and a close right after a burst reaches the node after it', async () => {
+    const [home] = await ranking(door.url, 'ws-board-burst');
+    const node = byId(home!);
+    const ws = track(connect(door.url, 'ws-board-burst'));
+    await opened(ws);
+    const nodeSide = node.sockets.at(-1)!;
+    const atNode: number[] = [];
+    nodeSide.on('message', (data: Buffer) => atNode.push(data.readUInt32BE(0)));
+    const count = 5_000;
+    // Written in one go: uWS reads them many at a time, and the front door batches them.
+    const burst = (from: number): void => {
+      for (let i = from; i < from + count; i++) {
+        const message = Buffer.alloc(4 + (i % 40));
+        message.writeUInt32BE(i, 0);
+        ws.send(message, { binary: true });
+      }
+    };
+    const echoes: number[] = [];
+    const allEchoed = new Promise<void>((resolve) =>
+      ws.on('message', (data: Buffer) => {
+        echoes.push(data.readUInt32BE(0));
+        if (echoes.length === count) resolve();
+      }),
+    );
+    burst(0);
+    await allEchoed;
+    assert.deepEqual(echoes, Array.from({ length: count }, (_, i) => i));
+    // A second burst and the close at once: every message reaches the node before the close.
+    const nodeClosed = nodeClose(node);
+    burst(count);
+    ws.close(4000, 'after the burst');
+    assert.deepEqual(await nodeClosed, { code: 4000, reason: 'after the burst' });
+    assert.deepEqual(atNode, Array.from({ length: 2 * count }, (_, i) => i));
+  });
+
   it('passes a client message larger than the 16 MiB backlog limit when nothing waits before it, and closes (1013) a tunnel whose node stopped reading', async () => {
     const big = await frontOver(nodes, ['--max-body-bytes', String(32 * 1024 * 1024)]);
     try {

@@ -49,6 +49,11 @@ export interface WsUpstreamHandler {
   /** A whole message. `data` may view a read buffer: valid only during the call. */
   onMessage(data: Buffer, isBinary: boolean): void;
   /**
+   * Once open, each read's messages are delivered by calling `run` in here (a tunnel corks its
+   * client around it: one write for every message of the read). Optional.
+   */
+  deliver?(run: () => void): void;
+  /**
    * After `onOpen`, once: the node's close code and reason (1005: none; 1006: cut without a
    * close frame), or, when `violation` is true, the code this side closed with because the
    * node broke the protocol.
@@ -112,6 +117,77 @@ const MASK_BYTES = 8 * 1024;
 let masks: Buffer | null = null;
 let maskAt = MASK_BYTES;
 
+/**
+ * Messages a client sends several in one loop turn (uWS hands over every frame of a read, one
+ * call each) leave as one write at the turn's end, not one write (a syscall) each: the first in a
+ * turn is written at once, those after it are masked into the tunnel's batch (`frame`), and the
+ * batches are written once uWS's reads are done (`endTurn`, one setImmediate a thread per turn).
+ */
+let turn = 0;
+let turnEnding = false;
+let batched: WsUpstream[] = [];
+let spareBatched: WsUpstream[] = [];
+function endTurn(): void {
+  turnEnding = false;
+  turn++;
+  const list = batched;
+  batched = spareBatched;
+  spareBatched = list;
+  for (let i = 0; i < list.length; i++) list[i]!.flushBatch();
+  list.length = 0;
+}
+function scheduleTurnEnd(): void {
+  if (turnEnding) return;
+  turnEnding = true;
+  setImmediate(endTurn);
+}
+
+/** Whether buf[0, n) is exactly one whole frame (as a node sends it: unmasked, or masked). */
+function oneFrame(buf: Buffer, n: number): boolean {
+  if (n < 2) return false;
+  const b1 = buf[1]!;
+  const length7 = b1 & 0x7f;
+  const head = (length7 === 126 ? 4 : length7 === 127 ? 10 : 2) + ((b1 & 0x80) !== 0 ? 4 : 0);
+  if (n < head) return false;
+  const length = length7 === 126 ? buf.readUInt16BE(2) : length7 === 127 ? buf.readUInt32BE(2) * 0x1_0000_0000 + buf.readUInt32BE(6) : length7;
+  return head + length === n;
+}
+
+/** Masks `data` into `out` at `at` as one frame (FIN set) with a `header`-byte head. */
+function maskFrame(out: Buffer, at: number, opcode: number, data: Uint8Array, header: number): void {
+  const length = data.length;
+  const keys = masks!;
+  out[at] = 0x80 | opcode;
+  if (length < 126) out[at + 1] = 0x80 | length;
+  else if (length < 0x10000) {
+    out[at + 1] = 0x80 | 126;
+    out.writeUInt16BE(length, at + 2);
+  } else {
+    out[at + 1] = 0x80 | 127;
+    out.writeUInt32BE(Math.floor(length / 0x1_0000_0000), at + 2);
+    out.writeUInt32BE(length >>> 0, at + 6);
+  }
+  if (maskAt + 4 > MASK_BYTES) {
+    randomFillSync(keys);
+    maskAt = 0;
+  }
+  const m = at + header - 4;
+  const m0 = (out[m] = keys[maskAt]!);
+  const m1 = (out[m + 1] = keys[maskAt + 1]!);
+  const m2 = (out[m + 2] = keys[maskAt + 2]!);
+  const m3 = (out[m + 3] = keys[maskAt + 3]!);
+  maskAt += 4;
+  const p = at + header;
+  let i = 0;
+  for (; i + 3 < length; i += 4) {
+    out[p + i] = data[i]! ^ m0;
+    out[p + i + 1] = data[i + 1]! ^ m1;
+    out[p + i + 2] = data[i + 2]! ^ m2;
+    out[p + i + 3] = data[i + 3]! ^ m3;
+  }
+  for (; i < length; i++) out[p + i] = data[i]! ^ keys[maskAt - 4 + (i & 3)]!;
+}
+
 /** A close code a node may send (RFC 6455 7.4.1 and the IANA registry). */
 function receivable(code: number): boolean {
   return (code >= 1000 && code <= 1003) || (code >= 1007 && code <= 1014) || (code >= 3000 && code <= 4999);
@@ -162,6 +238,15 @@ export class WsUpstream {
   private reported = false;
   /** Reads from the node so far: whoever watches the tunnel's liveness compares it (see `ping`). */
   reads = 0;
+  /** Frames masked this turn and not yet written (see `endTurn`): the bytes, and how many. */
+  private batch: Buffer | null = null;
+  private batchLength = 0;
+  /** The loop turn in which a message was last written at once (see `endTurn`). */
+  private wroteInTurn = -1;
+  /** A read being handed over (see `received`): the handler may wrap its delivery (`deliver`). */
+  private readBuf: Buffer = EMPTY;
+  private readLength = 0;
+  private readonly readNow = (): void => this.parseRead(this.readBuf, this.readLength);
 
   constructor(
     private readonly options: WsUpstreamOptions,
@@ -235,9 +320,9 @@ export class WsUpstream {
     return this.rest.length;
   }
 
-  /** Bytes written but not yet taken by the kernel. */
+  /** Bytes written, or batched to be written, but not yet taken by the kernel. */
   get bufferedAmount(): number {
-    return this.socket.writableLength;
+    return this.socket.writableLength + this.batchLength;
   }
 
   /** Later events go to `handler` (a tunnel takes the socket over once open). */
@@ -307,10 +392,27 @@ export class WsUpstream {
     this.socket.write(`${head}\r\n`, 'utf8');
   }
 
-  /** One read: bytes[0, n) of `buf` (the per-thread buffer, or a TLS chunk). */
+  /**
+   * One read: bytes[0, n) of `buf` (the per-thread buffer, or a TLS chunk). Once open, the
+   * handler's `deliver` may wrap the messages it holds (a tunnel corks its client: one write for
+   * all of them).
+   */
   private received(buf: Buffer, n: number): void {
     if (this.state === CLOSED || this.done || n <= 0) return;
     this.reads++;
+    const handler = this.handler;
+    // A read of one whole frame (most are) needs no wrapping: its message is one write anyway.
+    if (this.state !== OPEN || handler.deliver === undefined || (this.restLength === 0 && oneFrame(buf, n))) {
+      this.parseRead(buf, n);
+      return;
+    }
+    this.readBuf = buf;
+    this.readLength = n;
+    handler.deliver(this.readNow);
+    this.readBuf = EMPTY;
+  }
+
+  private parseRead(buf: Buffer, n: number): void {
     if (this.restLength === 0) {
       const used = this.parse(buf, 0, n);
       if (used < n && this.state !== CLOSED && !this.done) this.keep(buf, used, n);
@@ -633,50 +735,62 @@ export class WsUpstream {
     this.frame(0x8, payload);
   }
 
-  /** Writes one masked frame (FIN set). */
+  /**
+   * Writes one masked frame (FIN set). A message after another in the same loop turn, or while
+   * the socket still holds bytes, goes into the batch written at the turn's end (`endTurn`); a
+   * control frame (close, ping, pong) first writes the batch, so the order holds.
+   */
   private frame(opcode: number, data: Uint8Array): void {
     const length = data.length;
     const header = length < 126 ? 6 : length < 0x10000 ? 8 : 14;
     const total = header + length;
     const socket = this.socket;
+    if (opcode < 0x8) {
+      if (this.batchLength > 0 || this.wroteInTurn === turn || socket.writableLength !== 0) {
+        this.toBatch(opcode, data, header, total);
+        return;
+      }
+      this.wroteInTurn = turn;
+      scheduleTurnEnd();
+    } else this.flushBatch();
     // The per-thread buffer when the socket holds nothing (it keeps a view of what the kernel did
     // not take: the buffer is then handed over and a fresh one made), else a buffer of its own.
     // Not for TLS: it reports every write done only later, so the buffer would never be reused.
     const scratch = !this.secure && total <= WRITE_SCRATCH_BYTES && socket.writableLength === 0;
     const out = scratch ? writeScratch!.buf : Buffer.allocUnsafe(total);
-    const keys = masks!;
-    out[0] = 0x80 | opcode;
-    if (length < 126) out[1] = 0x80 | length;
-    else if (length < 0x10000) {
-      out[1] = 0x80 | 126;
-      out.writeUInt16BE(length, 2);
-    } else {
-      out[1] = 0x80 | 127;
-      out.writeUInt32BE(Math.floor(length / 0x1_0000_0000), 2);
-      out.writeUInt32BE(length >>> 0, 6);
-    }
-    if (maskAt + 4 > MASK_BYTES) {
-      randomFillSync(keys);
-      maskAt = 0;
-    }
-    const m = header - 4;
-    const m0 = (out[m] = keys[maskAt]!);
-    const m1 = (out[m + 1] = keys[maskAt + 1]!);
-    const m2 = (out[m + 2] = keys[maskAt + 2]!);
-    const m3 = (out[m + 3] = keys[maskAt + 3]!);
-    maskAt += 4;
-    let i = 0;
-    for (; i + 3 < length; i += 4) {
-      out[header + i] = data[i]! ^ m0;
-      out[header + i + 1] = data[i + 1]! ^ m1;
-      out[header + i + 2] = data[i + 2]! ^ m2;
-      out[header + i + 3] = data[i + 3]! ^ m3;
-    }
-    for (; i < length; i++) out[header + i] = data[i]! ^ keys[maskAt - 4 + (i & 3)]!;
+    maskFrame(out, 0, opcode, data, header);
     if (scratch) {
       socket.write(writeScratch!.of(total));
       if (socket.writableLength !== 0) writeScratch = new PrefixViews(Buffer.allocUnsafeSlow(WRITE_SCRATCH_BYTES));
     } else socket.write(out);
+  }
+
+  /** Masks a message's frame into the batch, made or grown to hold it. */
+  private toBatch(opcode: number, data: Uint8Array, header: number, total: number): void {
+    const at = this.batchLength;
+    let batch = this.batch;
+    if (batch === null || at + total > batch.length) {
+      const grown = Buffer.allocUnsafe(Math.max(at + total, 2 * at, 4096));
+      if (batch !== null) batch.copy(grown, 0, 0, at);
+      this.batch = batch = grown;
+    }
+    maskFrame(batch, at, opcode, data, header);
+    if (at === 0) {
+      batched.push(this);
+      scheduleTurnEnd();
+    }
+    this.batchLength = at + total;
+  }
+
+  /** @internal Writes the batch (one write), if any; the socket keeps the buffer. */
+  flushBatch(): void {
+    const length = this.batchLength;
+    if (length === 0) return;
+    const batch = this.batch!;
+    this.batch = null;
+    this.batchLength = 0;
+    if (this.state === CLOSED) return;
+    this.socket.write(length === batch.length ? batch : batch.subarray(0, length));
   }
 
   private armCloseWait(): void {

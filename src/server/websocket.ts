@@ -17,6 +17,9 @@
  * - Backpressure: while the client is behind by more than 1 MiB, the node's socket is not read;
  *   a client that lets 16 MiB pile up towards the node (or the node towards the client) is
  *   closed with 1013, rather than either side's messages being dropped.
+ * - Bulk: a client's messages after the first in a loop turn go to the node in one write at the
+ *   turn's end (ws-upstream.ts, `endTurn`); the messages of one read from the node go to the
+ *   client in one corked write (`deliver`).
  * - On a stop's drain, every tunnel is closed with 1001 (going away) on both sides; on a reload's,
  *   tunnels run on until they close or the drain's deadline (then 1001). Either way a handshake
  *   still waiting for its node is answered 503.
@@ -459,6 +462,12 @@ export class WebSocketTunnels {
       onOpen: () => {},
       onRefused: () => {},
       onFailed: () => {},
+      deliver: (run) => {
+        // Every message of the node's read in one write to the client.
+        const client = tunnel.client;
+        if (client !== null && !tunnel.clientClosed) client.cork(run);
+        else run();
+      },
       onMessage: (data, isBinary) => {
         if (tunnel.clientClosed) return;
         // `data` may view the read buffer: a message kept for later is copied.
