@@ -106,6 +106,8 @@ export const MAX_KEY_LENGTH = 1024;
 export const DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
 /** WebSocket tunnels: a node quiet this long is pinged; without an answer as long again, the tunnel closes (1011). */
 export const DEFAULT_WS_PING_MS = 30_000;
+/** WebSocket tunnels: what may wait either way before a tunnel is closed (1013), by default (`--ws-backlog-bytes`). */
+export const DEFAULT_WS_BACKLOG_BYTES = 16 * 1024 * 1024;
 
 /**
  * Whether a request path holds a dot segment (`.` or `..`, or either with the dot

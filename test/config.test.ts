@@ -52,6 +52,7 @@ describe('flags and environment', () => {
     ['a fraction of a thread', ['--threads', '1.5', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--threads: not a whole number: "1\.5"$/],
     ['a response limit under 1 KiB', ['--max-response-bytes', '100', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--max-response-bytes: 100 is out of range 1024\.\.1073741824$/],
     ['a response limit from the environment that is not a number', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_MAX_RESPONSE_BYTES: 'lots' }, /^LAKEFRONT_MAX_RESPONSE_BYTES: not a whole number: "lots"$/],
+    ['a WebSocket backlog under 64 KiB', ['--ws-backlog-bytes', '4096', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--ws-backlog-bytes: 4096 is out of range 65536\.\.1073741824$/],
     ['a negative hedge budget', ['--hedge-budget-percent', '-1', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-budget-percent: -1 is out of range 0\.\.100$/],
     ['a node URL with credentials (never echoed)', ['--nodes', 'a=http://user:s3cret@127.0.0.1:1'], {}, /^--nodes: the URL for node "a" carries credentials, which are not supported$/],
     ['a node URL with only a password', ['--nodes', 'a=http://:s3cret@127.0.0.1:1'], {}, /^--nodes: the URL for node "a" carries credentials/],

@@ -395,6 +395,29 @@ describe('WebSocket tunnels', () => {
     }
   });
 
+  it('closes (1013) a tunnel whose node stopped reading once --ws-backlog-bytes waits (256 KiB here), and still relays while it reads', async () => {
+    const small = await frontOver(nodes, ['--ws-backlog-bytes', String(256 * 1024)]);
+    try {
+      const [home] = await ranking(small.url, 'ws-board-small');
+      const node = byId(home!);
+      const ws = track(connect(small.url, 'ws-board-small'));
+      await opened(ws);
+      // Messages larger than a quarter of the limit still pass while the node reads.
+      const message = Buffer.alloc(128 * 1024, 5);
+      for (let i = 0; i < 8; i++) {
+        ws.send(message, { binary: true });
+        assert.equal((await nextMessage(ws)).data.length, message.length);
+      }
+      (node.sockets.at(-1) as unknown as { _socket: import('node:net').Socket })._socket.pause();
+      const closing = closed(ws);
+      // Past what the sockets' kernel buffers take (a few MiB on loopback), the limit is reached.
+      for (let i = 0; i < 256; i++) ws.send(Buffer.alloc(64 * 1024, 6), { binary: true });
+      assert.equal((await closing).code, 1013);
+    } finally {
+      await small.stop();
+    }
+  });
+
   it('refuses a handshake without its key (401), and one uWS cannot take (400)', async () => {
     const answer = await refusal(track(connect(door.url, null)));
     assert.equal(answer.status, 401);

@@ -61,6 +61,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'cancel-grace-ms', env: 'LAKEFRONT_CANCEL_GRACE_MS', value: 'ms', help: 'a hedge loser may finish this long before its connection is closed [250]' },
   { flag: 'drain-timeout-ms', env: 'LAKEFRONT_DRAIN_TIMEOUT_MS', value: 'ms', help: 'on SIGTERM/SIGINT, and for the old workers at a reload, wait this long for in-flight requests [10000]' },
   { flag: 'ws-ping-ms', env: 'LAKEFRONT_WS_PING_MS', value: 'ms', help: "WebSocket tunnels: a node quiet this long is pinged, and the tunnel closed (1011) without an answer as long again; a node out of the rankings, after 2 s and 5 s; 0: never [30000]" },
+  { flag: 'ws-backlog-bytes', env: 'LAKEFRONT_WS_BACKLOG_BYTES', value: 'n', help: 'WebSocket tunnels: bytes that may wait either way (a client or a node behind) before the tunnel is closed (1013); a client a quarter of this behind (at most 1 MiB) stops the node being read [16777216]' },
   { flag: 'affinity-keys-file', env: 'LAKEFRONT_AFFINITY_KEYS_FILE', value: 'path', help: 'affinity ticket signing keys, one a line, the first signing; read again at SIGHUP (instead of LAKEFRONT_AFFINITY_KEYS) [none]' },
   { flag: 'forwarded-for', env: 'LAKEFRONT_FORWARDED_FOR', value: 'append|off', help: "append the client's address to x-forwarded-for, and set x-forwarded-proto and x-forwarded-host, on every request a node gets [off]" },
   { flag: 'hints-file', env: 'LAKEFRONT_HINTS_FILE', value: 'path', help: "replicated routes: where a stop saves the hints not yet handed over, and the next start takes them back [none: dropped]" },
@@ -294,6 +295,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
       forwardedFor: forwardedFor === 'append',
       ejectAfter: opt('eject-after', 0, 1000),
       wsPingMs: opt('ws-ping-ms', 0, 3_600_000),
+      wsBacklogBytes: opt('ws-backlog-bytes', 65_536, 1024 * 1024 * 1024),
     }),
   };
   return { kind: 'run', demo, config, configFile: configRaw ? configRaw[0] : null };

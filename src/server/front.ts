@@ -10,6 +10,7 @@ import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import type { HttpRequest, HttpResponse, RecognizedString, TemplatedApp, us_listen_socket } from 'uWebSockets.js';
 import {
+  DEFAULT_WS_BACKLOG_BYTES,
   DEFAULT_WS_PING_MS,
   HEDGED_HEADER,
   IDEMPOTENT_HEADER,
@@ -675,6 +676,10 @@ export class WorkerFront implements TunnelHost {
 
   get wsPingMs(): number {
     return this.init.settings.wsPingMs ?? DEFAULT_WS_PING_MS;
+  }
+
+  get wsBacklogBytes(): number {
+    return this.init.settings.wsBacklogBytes ?? DEFAULT_WS_BACKLOG_BYTES;
   }
 
   /** Listens on the configured port; resolves with the bound port, rejects if it could not. */

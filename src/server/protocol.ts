@@ -125,6 +125,12 @@ export interface DataPlaneSettings {
    */
   readonly wsPingMs?: number;
   /**
+   * WebSocket tunnels: bytes that may wait either way (towards a client behind, or a node behind)
+   * before the tunnel is closed with 1013; the node's socket is not read while its client is a
+   * quarter of this behind (at most 1 MiB). 65536-1073741824. Default 16 MiB.
+   */
+  readonly wsBacklogBytes?: number;
+  /**
    * Passive health: this many attempts in a row at a node fail (no answer: a timeout, a reset, a
    * refused connection, a malformed response), counted across workers, and the control plane is asked to
    * eject it (Membership.eject). 0: never. Default 5.

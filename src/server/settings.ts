@@ -1,6 +1,6 @@
 /** Defaults shared by the CLI and `route()`; every value here is documented in the README. */
 import { availableParallelism } from 'node:os';
-import { BOARD_HEADER, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_WS_PING_MS } from '../contract.js';
+import { BOARD_HEADER, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_WS_BACKLOG_BYTES, DEFAULT_WS_PING_MS } from '../contract.js';
 import { DEFAULT_HEALTH_INTERVAL_MS, DEFAULT_HEALTH_TIMEOUT_MS } from '../membership/membership.js';
 import { DEFAULT_HEDGE_BUDGET_PERCENT, DEFAULT_HEDGE_DELAY_MS, DEFAULT_HEDGE_PERCENTILE, DEFAULT_REQUEST_TIMEOUT_MS } from '../router/router.js';
 import { DEFAULT_HINT_WINDOW_MS, DEFAULT_MAX_HINT_BYTES } from '../replication/quorum.js';
@@ -45,6 +45,7 @@ export function defaultSettings(overrides: Partial<DataPlaneSettings> = {}): Dat
     forwardedFor: overrides.forwardedFor ?? false,
     ejectAfter: overrides.ejectAfter ?? DEFAULT_EJECT_AFTER,
     wsPingMs: overrides.wsPingMs ?? DEFAULT_WS_PING_MS,
+    wsBacklogBytes: overrides.wsBacklogBytes ?? DEFAULT_WS_BACKLOG_BYTES,
   };
 }
 

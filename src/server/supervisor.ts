@@ -238,6 +238,10 @@ export class FrontDoor extends EventEmitter {
     if (maxResponse !== undefined && !(Number.isInteger(maxResponse) && maxResponse >= 1024 && maxResponse <= 1024 * 1024 * 1024)) {
       throw new ConfigError(`maxResponseBytes: bad value ${String(maxResponse)} (bytes, 1024-1073741824)`);
     }
+    const wsBacklog = config.settings.wsBacklogBytes;
+    if (wsBacklog !== undefined && !(Number.isInteger(wsBacklog) && wsBacklog >= 65_536 && wsBacklog <= 1024 * 1024 * 1024)) {
+      throw new ConfigError(`wsBacklogBytes: bad value ${String(wsBacklog)} (bytes, 65536-1073741824)`);
+    }
     const ejectAfter = config.settings.ejectAfter;
     if (ejectAfter !== undefined && !(Number.isInteger(ejectAfter) && ejectAfter >= 0 && ejectAfter <= 1000)) {
       throw new ConfigError(`ejectAfter: bad value ${String(ejectAfter)} (failed attempts in a row, 0-1000; 0: never eject)`);

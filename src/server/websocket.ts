@@ -14,9 +14,10 @@
  * - Messages are relayed in order, text as text and binary as binary, up to `maxBodyBytes` each.
  *   Close codes travel both ways (1005 and 1006, which are never sent, as a close without a code
  *   and as a cut connection).
- * - Backpressure: while the client is behind by more than 1 MiB, the node's socket is not read;
- *   a client that lets 16 MiB pile up towards the node (or the node towards the client) is
- *   closed with 1013, rather than either side's messages being dropped.
+ * - Backpressure: while the client is behind by more than 1 MiB (a quarter of the backlog limit
+ *   when that is less), the node's socket is not read; a client that lets `--ws-backlog-bytes`
+ *   (16 MiB) pile up towards the node (or the node towards the client) is closed with 1013,
+ *   rather than either side's messages being dropped.
  * - Bulk: a client's messages after the first in a loop turn go to the node in one write at the
  *   turn's end (ws-upstream.ts, `endTurn`); the messages of one read from the node go to the
  *   client in one corked write (`deliver`).
@@ -55,11 +56,11 @@ function passOverOwnNode(status: number, headers: ReadonlyMap<string, string>): 
 /** `WsUpstream.state` of an open socket. */
 const OPEN = 1;
 
-/** Stop reading the node while the client is this far behind; read again below the low mark. */
+/**
+ * Stop reading the node while the client is this far behind (at most; a quarter of the backlog
+ * limit when that is less); read again below a quarter of that.
+ */
 const CLIENT_HIGH_WATER = 1024 * 1024;
-const CLIENT_LOW_WATER = 256 * 1024;
-/** Backpressure past which a tunnel is closed (1013) rather than a message dropped. */
-const BACKLOG_LIMIT = 16 * 1024 * 1024;
 /**
  * Liveness of the node's side: a node out of the rankings (a failed health probe, unreachable,
  * ejected) has its quiet tunnels pinged after this long, and closed without an answer within
@@ -90,6 +91,8 @@ export interface TunnelHost {
   readonly handshakeTimeoutMs: number;
   /** A tunnel's node quiet this long is pinged, and the tunnel closed (1011) without an answer as long again; 0: never. */
   readonly wsPingMs: number;
+  /** Backpressure either way past which a tunnel is closed (1013) rather than a message dropped. */
+  readonly wsBacklogBytes: number;
   readonly draining: boolean;
   /** The front door's own region (affinity placement), or null. */
   readonly region: string | null;
@@ -168,8 +171,16 @@ export class WebSocketTunnels {
   /** Per node (global index): its `ws:`/`wss:` origin, worked out once. */
   private readonly origins: readonly string[];
 
+  /** What may wait either way (`--ws-backlog-bytes`), and the client's marks for reading its node. */
+  private readonly backlogLimit: number;
+  private readonly highWater: number;
+  private readonly lowWater: number;
+
   constructor(private readonly host: TunnelHost) {
     this.origins = host.nodes.map((node) => new URL(node.url).origin.replace(/^http/, 'ws'));
+    this.backlogLimit = host.wsBacklogBytes;
+    this.highWater = Math.min(CLIENT_HIGH_WATER, Math.floor(this.backlogLimit / 4));
+    this.lowWater = Math.floor(this.highWater / 4);
   }
 
   /**
@@ -184,13 +195,13 @@ export class WebSocketTunnels {
       if (route.spec.quorum !== null) continue;
       app.ws<{ tunnel: Tunnel }>(route.spec.pattern, {
         maxPayloadLength: this.host.maxMessageBytes,
-        maxBackpressure: BACKLOG_LIMIT,
+        maxBackpressure: this.backlogLimit,
         upgrade: (res, req, context) => this.handshake(route, res, req, context),
         open: (ws) => this.opened(ws),
         message: (ws, message, isBinary) => this.fromClient(ws.getUserData().tunnel, message, isBinary),
         drain: (ws) => {
           const tunnel = ws.getUserData().tunnel;
-          if (tunnel.upstream.isPaused && ws.getBufferedAmount() < CLIENT_LOW_WATER) tunnel.upstream.resume();
+          if (tunnel.upstream.isPaused && ws.getBufferedAmount() < this.lowWater) tunnel.upstream.resume();
         },
         close: (ws, code, message) => this.clientClosed(ws.getUserData().tunnel, code, message),
       });
@@ -510,11 +521,11 @@ export class WebSocketTunnels {
     if (tunnel.clientClosed) return;
     const client = tunnel.client!;
     if (client.send(data, isBinary) === 2) {
-      // Dropped (past BACKLOG_LIMIT): never lose a message silently.
+      // Dropped (past the backlog limit): never lose a message silently.
       this.overloaded(tunnel);
       return;
     }
-    if (!tunnel.upstream.isPaused && client.getBufferedAmount() > CLIENT_HIGH_WATER) tunnel.upstream.pause();
+    if (!tunnel.upstream.isPaused && client.getBufferedAmount() > this.highWater) tunnel.upstream.pause();
   }
 
   private fromClient(tunnel: Tunnel, message: ArrayBuffer, isBinary: boolean): void {
@@ -525,7 +536,7 @@ export class WebSocketTunnels {
     // (up to --max-body-bytes) passes when the node has taken everything before it (checked
     // after the write, the part the kernel had not yet taken of a 16 MiB message closed it).
     const waiting = upstream.bufferedAmount;
-    if (waiting > 0 && waiting + message.byteLength > BACKLOG_LIMIT) {
+    if (waiting > 0 && waiting + message.byteLength > this.backlogLimit) {
       this.overloaded(tunnel);
       return;
     }
