@@ -256,6 +256,35 @@ describe('access log of a front door', () => {
     }
   });
 
+  it('logs a large answer when the client has it (its bytes), or, for a client that left in the middle, the bytes it took', async () => {
+    const file = join(dir, 'large.log');
+    const big = 'z'.repeat(32 * 1024 * 1024);
+    const door = await FrontDoor.start(config(file));
+    let stopped = false;
+    try {
+      for (const n of nodes) n.behaviour = { kind: 'answer', body: big };
+      const whole = await rpc(door.url, 'query.execute', 'al-large');
+      assert.equal(whole.text.length, big.length);
+      // A client that reads the first bytes and goes: more than the kernel's buffers hold waits.
+      const socket = connect(door.port, '127.0.0.1');
+      await once(socket, 'connect');
+      socket.write('GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: al-large\r\n\r\n');
+      await once(socket, 'data');
+      socket.destroy();
+      await door.stop();
+      stopped = true;
+      const lines = linesOf(file).filter((l) => l.path === '/rpc/query.execute');
+      assert.equal(lines.length, 2, JSON.stringify(lines));
+      assert.deepEqual(lines.map((l) => l.status), [200, 200]);
+      const [first, left] = lines.sort((x, y) => y.bytes - x.bytes);
+      assert.equal(first!.bytes, big.length);
+      assert.ok(left!.bytes > 0 && left!.bytes < big.length, JSON.stringify(left));
+    } finally {
+      if (!stopped) await door.stop();
+      for (const n of nodes) n.behaviour = { kind: 'answer' };
+    }
+  });
+
   it('a file it cannot open stops the start with its reason', async () => {
     await assert.rejects(FrontDoor.start(config(join(dir, 'missing-dir', 'x.log'))), /access log .*missing-dir\/x\.log: cannot open it for appending \(ENOENT/);
   });

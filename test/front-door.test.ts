@@ -1231,6 +1231,31 @@ describe('front door: large answers to clients that read late', () => {
     assert.equal(answer.body.length, BIG.length);
     assert.ok(answer.body.equals(Buffer.from(BIG, 'latin1')));
   });
+
+  it('an answer that comes during a stop says connection: close, and a client reading it late has all of it before the close', async () => {
+    const door = await FrontDoor.start(doorConfig(nodes, { hedgeMode: 'off', maxResponseBytes: 16 * 1024 * 1024, drainTimeoutMs: 10_000 }));
+    const node = nodes[0]!;
+    // The node holds its answer a moment, so that it comes once the stop has begun.
+    node.behaviour = { kind: 'answer', body: BIG, delayMs: 300 };
+    let stopped = false;
+    let stopping: Promise<void> | null = null;
+    node.once('request', () => {
+      stopping = door.stop().then(() => {
+        stopped = true;
+      });
+    });
+    try {
+      const answer = await readLate(door.port, 'GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: drain-during\r\n\r\n', () => Promise.race([stopping, new Promise((resolve) => setTimeout(resolve, 500))]), true);
+      assert.equal(stopped, false, 'the stop waited for the answer');
+      assert.equal(answer.head.match(/\r\nconnection: close/gi)?.length, 1, answer.head);
+      assert.ok(answer.closed);
+      assert.equal(answer.body.length, BIG.length);
+      assert.ok(answer.body.equals(Buffer.from(BIG, 'latin1')));
+      await stopping;
+    } finally {
+      node.behaviour = { kind: 'answer', body: BIG };
+    }
+  });
 });
 
 describe('front door: the drain deadline', () => {

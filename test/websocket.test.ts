@@ -62,6 +62,25 @@ async function refusal(ws: WebSocket): Promise<{ status: number; headers: Incomi
   return { status: response.statusCode!, headers: response.headers, body };
 }
 
+/** A masked client frame (FIN set, `b0` its first byte) of a short payload. */
+function maskedFrame(b0: number, payload: Buffer): Buffer {
+  const key = [1, 2, 3, 4];
+  return Buffer.concat([Buffer.from([b0, 0x80 | payload.length, ...key]), Buffer.from(payload.map((b, i) => b ^ key[i & 3]!))]);
+}
+
+/** A raw client's tunnel on `board`, its handshake done: the socket, and what came after the 101. */
+async function rawTunnel(url: string, board: string): Promise<{ socket: Socket; received: () => Buffer }> {
+  const socket = tcpConnect(Number(new URL(url).port), '127.0.0.1');
+  socket.on('error', () => undefined);
+  let buf = Buffer.alloc(0);
+  socket.on('data', (d: Buffer) => (buf = Buffer.concat([buf, d])));
+  socket.write(`GET /rpc/live HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\nx-lakefront-board: ${board}\r\n\r\n`);
+  while (buf.indexOf('\r\n\r\n') < 0) await once(socket, 'data');
+  assert.match(buf.toString('latin1'), /^HTTP\/1\.1 101 /);
+  buf = buf.subarray(buf.indexOf('\r\n\r\n') + 4);
+  return { socket, received: () => buf };
+}
+
 async function frontOver(nodes: WsNode[], flags: string[] = []): Promise<FrontDoor> {
   const command = parseCommand(
     // Health probes a minute apart, unless the test sets them.
@@ -371,6 +390,44 @@ describe('WebSocket tunnels', () => {
     ws.close(4000, 'after the burst');
     assert.deepEqual(await nodeClosed, { code: 4000, reason: 'after the burst' });
     assert.deepEqual(atNode, Array.from({ length: 2 * count }, (_, i) => i));
+  });
+
+  it('relays the messages a client sent in the read that ends with a frame uWS cuts it for (RSV1 set), then cuts the node', async () => {
+    const [home] = await ranking(door.url, 'ws-board-cut');
+    const node = byId(home!);
+    const client = await rawTunnel(door.url, 'ws-board-cut');
+    try {
+      const atNode: string[] = [];
+      node.sockets.at(-1)!.on('message', (data: Buffer) => atNode.push(data.toString()));
+      const nodeClosed = nodeClose(node);
+      // One write: uWS hands over the five messages (batched for the node), then cuts the client.
+      client.socket.write(Buffer.concat([...[1, 2, 3, 4, 5].map((i) => maskedFrame(0x81, Buffer.from(`m${i}`))), maskedFrame(0x81 | 0x40, Buffer.from('rsv1'))]));
+      assert.equal((await nodeClosed).code, 1006);
+      assert.deepEqual(atNode, ['m1', 'm2', 'm3', 'm4', 'm5']);
+    } finally {
+      client.socket.destroy();
+    }
+  });
+
+  it("ends the client's connection (close frame, then FIN) when the node's message and close frame come in one read", async () => {
+    const [home] = await ranking(door.url, 'ws-board-fin');
+    const node = byId(home!);
+    const client = await rawTunnel(door.url, 'ws-board-fin');
+    try {
+      const ended = once(client.socket, 'end');
+      // The node's own socket: a text frame and a close frame (4001) in one write.
+      const raw = (node.sockets.at(-1) as unknown as { _socket: Socket })._socket;
+      raw.write(Buffer.from([0x81, 2, 0x68, 0x69, 0x88, 2, 0x0f, 0xa1]));
+      // The client never answers the close: the front door's FIN must come on its own (not at
+      // uWS's idle timeout, 10 s or more later).
+      const outcome = await Promise.race([ended.then(() => 'FIN'), new Promise((resolve) => setTimeout(resolve, 5_000, 'no FIN within 5 s'))]);
+      assert.equal(outcome, 'FIN');
+      const bytes = client.received();
+      assert.deepEqual([...bytes.subarray(0, 4)], [0x81, 2, 0x68, 0x69], 'the message first');
+      assert.deepEqual([...bytes.subarray(4, 8)], [0x88, 2, 0x0f, 0xa1], 'then the close, with its code');
+    } finally {
+      client.socket.destroy();
+    }
   });
 
   it('passes a client message larger than the 16 MiB backlog limit when nothing waits before it, and closes (1013) a tunnel whose node stopped reading', async () => {

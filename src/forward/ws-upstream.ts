@@ -379,6 +379,9 @@ export class WsUpstream {
   /** Cuts the connection at once; the handler hears nothing more. */
   terminate(): void {
     if (this.state === CLOSED) return;
+    // Messages batched this turn (the client sent them before it went) are written ahead of the
+    // cut, as they were when each was written at once.
+    if (this.state === OPEN) this.flushBatch();
     this.state = CLOSED;
     this.clearTimer();
     this.socket.destroy();

@@ -192,8 +192,9 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   private failureBytes = 0;
   /** What the client's connection field asked (see CloseAsk): asked, the answer says `close` too, and the connection ends. */
   asked: CloseAsk = CLOSE_NOT_ASKED;
-  /** A large answer's body while the client has not taken it all (see `sendBody`). */
+  /** A large answer's body while the client has not taken it all (see `sendBody`), and how much it has. */
   private unsent: Buffer | null = null;
+  private sentBytes = 0;
 
   constructor(
     private readonly front: WorkerFront,
@@ -221,6 +222,8 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   onAborted(): void {
     this.aborted = true;
+    // A large answer the client left before it had it all: logged with the bytes it took.
+    if (this.unsent !== null && this.arrival !== null) this.logAnswer(this.sentBytes);
     this.unsent = null;
     // As nginx logs it: 499, the client closed the connection before its answer.
     if (!this.answered && this.arrival !== null) this.log(499, null, false, 0);
@@ -334,9 +337,10 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     corked = this;
     this.res.cork(writeCorked);
     corked = null;
+    // A large body the client has not taken yet: finished (and logged) when it has, or goes away.
+    if (this.unsent !== null) return;
     if (this.arrival !== null) this.logAnswer();
-    // A large body the client has not taken yet: finished when it has (or goes away).
-    if (this.unsent === null) this.finish();
+    this.finish();
   }
 
   /**
@@ -344,47 +348,53 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
    * connection cannot take now stays here (the body is held until then anyway) instead of being
    * copied into uWS's backpressure, and goes on as the client reads (`onWritable`). Either way
    * uWS closes a connection whose answer has made no progress for 10 s (its idle timeout; nginx's
-   * send_timeout is 60 s). An answer that closes the connection where uWS would not on its own
-   * ends with `end` (`tryEnd` cannot close).
+   * send_timeout is 60 s). `tryEnd` cannot close the connection: a draining front door's answer
+   * says `connection: close` and the drain closes it once sent (the drain waits for it); one to
+   * a `close` in a list (`keep-alive, close`), outside a drain, ends with `end`, which closes.
    */
   private sendBody(body: Buffer, close: boolean): void {
     const res = this.res;
     const uwsCloses = this.asked === CLOSE_UWS;
-    if (body.length <= STREAM_BODY_BYTES || (close && !uwsCloses)) {
+    if (body.length <= STREAM_BODY_BYTES || (close && !uwsCloses && !this.front.draining)) {
       endBody(res, body, close, uwsCloses);
       return;
     }
-    if (uwsCloses) res.writeHeader('connection', 'close');
+    if (close) res.writeHeader('connection', 'close');
     if (res.tryEnd(body, body.length)[1]) return;
     this.unsent = body;
+    this.sentBytes = res.getWriteOffset();
     res.onWritable((offset) => this.sendMore(offset));
   }
 
   /** The client took some of a large answer: the next part (`offset`: the body bytes it has). */
   private sendMore(offset: number): boolean {
     const body = this.unsent!;
-    const [ok, done] = this.res.tryEnd(body.subarray(offset), body.length);
-    if (done) {
-      this.unsent = null;
-      this.finish();
+    const res = this.res;
+    const [ok, done] = res.tryEnd(body.subarray(offset), body.length);
+    if (!done) {
+      this.sentBytes = res.getWriteOffset();
+      return ok;
     }
+    this.unsent = null;
+    if (this.arrival !== null) this.logAnswer();
+    this.finish();
     return ok;
   }
 
-  /** The access log's line for the answer just written. */
-  private logAnswer(): void {
+  /** The access log's line for the answer just written (`sent`: the body bytes a client that left took, else -1). */
+  private logAnswer(sent = -1): void {
     const call = this.call;
     const ids = this.route.runtime.ids;
     const head = this.method === 'HEAD';
     if (call !== null) {
       const failure = call.failure;
       if (failure !== null) this.log(failure.status, null, false, this.failureBytes, failure.code);
-      else this.log(call.status, ids[call.servedBy]!, false, head || call.body === null ? 0 : call.body.length);
+      else this.log(call.status, ids[call.servedBy]!, false, sent >= 0 ? sent : head || call.body === null ? 0 : call.body.length);
       return;
     }
     const exchange = this.exchange!;
     if (exchange.failure !== null) this.log(exchange.failure.status, null, exchange.hedged, this.failureBytes, exchange.failure.code);
-    else this.log(exchange.status, ids[exchange.servedBy]!, exchange.hedged, head || exchange.body === null ? 0 : exchange.body.length);
+    else this.log(exchange.status, ids[exchange.servedBy]!, exchange.hedged, sent >= 0 ? sent : head || exchange.body === null ? 0 : exchange.body.length);
   }
 
   private log(status: number, node: string | null, hedged: boolean, bytes: number, code: string | null = null): void {

@@ -124,6 +124,9 @@ interface Tunnel {
   early: [Buffer, boolean][] | null;
   clientClosed: boolean;
   upstreamClosed: boolean;
+  /** Inside `deliver`'s cork; an end asked for meanwhile (code and reason), done after it. */
+  delivering: boolean;
+  ending: [number, string | Buffer] | null;
 }
 
 /** What uWS 20.30 says (with 1006) when it cuts a client, and what the node is closed with then. */
@@ -157,6 +160,13 @@ function writeNodeHeaders(res: HttpResponse, fields: readonly (readonly [string,
 /** A close code that may be sent in a close frame (RFC 6455 7.4). */
 function sendable(code: number): boolean {
   return (code >= 1000 && code <= 1003) || (code >= 1007 && code <= 1014) || (code >= 3000 && code <= 4999);
+}
+
+/** Ends a client's socket with `code` (1006: cut; a code that cannot be sent: no code). */
+function endSocket(client: ClientSocket<{ tunnel: Tunnel }>, code: number, reason: string | Buffer): void {
+  if (code === 1006) client.close();
+  else if (sendable(code)) client.end(code, reason);
+  else client.end();
 }
 
 export class WebSocketTunnels {
@@ -459,7 +469,7 @@ export class WebSocketTunnels {
 
   /** A tunnel around a node's open socket; the client side is attached when uWS opens it. */
   private tunnel(upstream: WsUpstream, runtime: ClusterRuntime, node: number): Tunnel {
-    const tunnel: Tunnel = { upstream, runtime, node, seenReads: upstream.reads, quietSince: performance.now(), pingAt: -1, greeting: null, client: null, early: null, clientClosed: false, upstreamClosed: false };
+    const tunnel: Tunnel = { upstream, runtime, node, seenReads: upstream.reads, quietSince: performance.now(), pingAt: -1, greeting: null, client: null, early: null, clientClosed: false, upstreamClosed: false, delivering: false, ending: null };
     this.open.add(tunnel);
     this.host.slot.bump(C_WEBSOCKETS);
     if (this.sweeper === null && this.host.wsPingMs > 0) {
@@ -476,8 +486,20 @@ export class WebSocketTunnels {
       deliver: (run) => {
         // Every message of the node's read in one write to the client.
         const client = tunnel.client;
-        if (client !== null && !tunnel.clientClosed) client.cork(run);
-        else run();
+        if (client === null || tunnel.clientClosed) {
+          run();
+          return;
+        }
+        // An end inside a cork sends the close frame but not the FIN (uWS 20.30 shuts the socket
+        // down only at an end outside a cork): one asked for meanwhile is done after it.
+        tunnel.delivering = true;
+        client.cork(run);
+        tunnel.delivering = false;
+        const ending = tunnel.ending;
+        if (ending !== null) {
+          tunnel.ending = null;
+          endSocket(client, ending[0], ending[1]);
+        }
       },
       onMessage: (data, isBinary) => {
         if (tunnel.clientClosed) return;
@@ -501,9 +523,8 @@ export class WebSocketTunnels {
     const client = tunnel.client;
     if (client === null || tunnel.clientClosed) return;
     tunnel.clientClosed = true;
-    if (code === 1006) client.close();
-    else if (sendable(code)) client.end(code, reason);
-    else client.end();
+    if (tunnel.delivering && code !== 1006) tunnel.ending = [code, reason];
+    else endSocket(client, code, reason);
   }
 
   private opened(ws: ClientSocket<{ tunnel: Tunnel }>): void {
