@@ -236,6 +236,29 @@ describe('what counts toward ejection, and what does not', () => {
     assert.equal(counted.failures, EJECT_AFTER);
   });
 
+  it('a node back in the rankings after its probe failed (a restart) has its hedge losers run to their answers: its cold, slow reads do not eject it (seed 000)', async () => {
+    // As in the test above, every read hedges at 30 ms and a loser would be cut off 20 ms later.
+    const front = await start({ hedgeDelayMs: 30, hedgeBudgetPercent: 100, cancelGraceMs: 20, requestTimeoutMs: 10_000 });
+    const [cold] = nodes as [FakeNode];
+    const board = await boardOf(front, cold);
+    // It restarts: its probe fails, then passes again; its caches are cold, every read slow.
+    cold.healthy = false;
+    await front.memberships[0]!.probeOnce();
+    cold.healthy = true;
+    await front.memberships[0]!.probeOnce();
+    assert.equal((await ranking(front.url, board))[0], cold.id, 'back in the ranking');
+    cold.behaviour = { kind: 'answer', delayMs: 150 };
+    for (let i = 0; i < EJECT_AFTER + 2; i++) {
+      const outcome = Promise.race([once(cold, 'answered').then(() => 'answered'), once(cold, 'abandoned').then(() => 'cut off')]);
+      const reply = await rpc(front.url, 'query.execute', board);
+      assert.equal(reply.status, 200);
+      assert.notEqual(reply.headers['x-lakefront-served-by'], cold.id, 'the hedge won');
+      assert.equal(await outcome, 'answered', `read ${i}: the loser ran to its answer`);
+    }
+    assert.equal(await ejections(front, cold.id), 0);
+    assert.ok((await call(`${front.url}/health`)).json<{ healthy: string[] }>().healthy.includes(cold.id));
+  });
+
   it('a hedge loser whose answer came while the worker was stalled past its grace is answered, not cut off', async () => {
     // One cut-off loser would eject the node.
     const front = await start({ hedgeDelayMs: 30, hedgeBudgetPercent: 100, cancelGraceMs: 200, requestTimeoutMs: 10_000, ejectAfter: 1 });

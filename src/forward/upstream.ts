@@ -78,6 +78,11 @@ export interface AttemptObserver {
 
 /** One node's connections. */
 export interface NodeTransport {
+  /**
+   * How long a cancelled attempt (a hedge loser, or its client gone) may still finish before its
+   * connection is closed. Set anew at each membership change (a warming node's run longer).
+   */
+  cancelGraceMs: number;
   attempt(exchange: AttemptSink, ordinal: number, node: number, request: UpstreamRequest): AttemptHandle;
   close(graceful: boolean): Promise<void>;
 }
@@ -209,7 +214,7 @@ class H1Transport implements NodeTransport {
     url: string,
     options: TransportOptions,
     readonly observer: AttemptObserver,
-    readonly cancelGraceMs = options.cancelGraceMs,
+    public cancelGraceMs = options.cancelGraceMs,
   ) {
     this.pool = agent.pool(url, {
       connections: options.connections,
@@ -396,7 +401,7 @@ export function undiciFailure(err: Error, neverOnSocket: boolean): Error & { cod
 
 class UndiciTransport implements NodeTransport {
   readonly pool: Pool;
-  readonly cancelGraceMs: number;
+  cancelGraceMs: number;
   readonly requestTimeoutMs: number;
   constructor(
     url: string,

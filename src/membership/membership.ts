@@ -109,6 +109,8 @@ interface MemberState {
   ejected: boolean;
   /** performance.now() when it last came back from an ejection (0: never). */
   backAt: number;
+  /** performance.now() when it last came back into the rankings, for whatever reason it was out (0: never). */
+  returnedAt: number;
   /** Ejections in a row: each one's hold is the base times this many (see `eject`). */
   streak: number;
   /** Ejections since start, for /stats. */
@@ -153,7 +155,7 @@ export class Membership extends EventEmitter {
     this.fetchImpl = options.fetch ?? globalThis.fetch;
     // Members start healthy: a front door that has not probed yet should try, and failover
     // covers a node that turns out to be down.
-    this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: config.weight ?? 1, heldUntil: 0, ejected: false, backAt: 0, streak: 0, ejections: 0 }]));
+    this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: config.weight ?? 1, heldUntil: 0, ejected: false, backAt: 0, returnedAt: 0, streak: 0, ejections: 0 }]));
     this.loop = new PollLoop(this.intervalMs, () =>
       this.probeOnce().catch((err: unknown) => {
         this.emit('error', err);
@@ -280,6 +282,11 @@ export class Membership extends EventEmitter {
     return { ejections: state.ejections, ejected: state.ejected };
   }
 
+  /** `performance.now()` when `id` last came back into the rankings after being out (0: never). */
+  returnedAt(id: string): number {
+    return this.stateOf(id).returnedAt;
+  }
+
   /** `performance.now()` before which no probe may bring `id` back (0 or past: no hold). */
   heldUntil(id: string): number {
     return this.stateOf(id).heldUntil;
@@ -295,6 +302,7 @@ export class Membership extends EventEmitter {
     state.streak = before.streak;
     state.ejections = before.ejections;
     state.backAt = before.backAt;
+    state.returnedAt = before.returnedAt;
     const left = before.heldUntil - performance.now();
     if (left > 0) {
       this.markUnhealthy(id, left);
@@ -321,9 +329,10 @@ export class Membership extends EventEmitter {
     const state = this.states.get(id)!;
     if (state.healthy === healthy) return;
     state.healthy = healthy;
+    if (healthy) state.returnedAt = performance.now();
     if (healthy && state.ejected) {
       state.ejected = false;
-      state.backAt = performance.now();
+      state.backAt = state.returnedAt;
     }
     this.emit('change');
   }

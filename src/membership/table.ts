@@ -45,6 +45,11 @@ export const FLAG_HEALTHY = 1;
 export const FLAG_ENABLED = 2;
 /** The node is its cluster's detected leader. */
 export const FLAG_LEADER = 8;
+/**
+ * The node came back into the rankings (a probe passed after it was out) less than `--eject-ms`
+ * ago: its caches may be cold, and its hedge losers run to their answers (see ClusterRuntime).
+ */
+export const FLAG_WARMING = 16;
 
 /** One node's published state, as a worker sees it. */
 export interface NodeRow {

@@ -13,7 +13,7 @@ import { HashRing } from '../hashing/ring.js';
 import type { ReplicaHost } from '../replication/fanout.js';
 import type { HeldHints, HintEvent } from '../replication/hints.js';
 import type { VersionClock } from '../replication/quorum.js';
-import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, type NodeRow } from '../membership/table.js';
+import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, FLAG_WARMING, type NodeRow } from '../membership/table.js';
 import {
   C_FAILOVERS,
   C_HEDGES,
@@ -163,6 +163,9 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   /** Shared by every route on this cluster, in this worker. */
   readonly hedgeBudget: HedgeBudget;
   private readonly transports: NodeTransport[];
+  /** A cancelled attempt's grace, and a warming node's (the request timeout): see `update`. */
+  private readonly cancelGraceMs: number;
+  private readonly requestTimeoutMs: number;
   private readonly policies = new Map<PolicyName, Policy>();
   /** The policies that learn from attempt outcomes (`observe`), as an array for the hot path. */
   private observers: Policy[] = [];
@@ -211,6 +214,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       ...(settings.maxResponseBytes !== undefined ? { maxResponseBytes: settings.maxResponseBytes } : {}),
     };
     this.transports = spec.nodes.map((g) => createTransport(settings.upstreamClient, nodes[g]!.url, transportOptions, this, agent));
+    this.cancelGraceMs = settings.cancelGraceMs;
+    this.requestTimeoutMs = settings.requestTimeoutMs;
     this.windows = spec.nodes.map(() => new SampleWindow());
     this.lastUnreachableAt = new Float64Array(spec.nodes.length);
     this.failuresInRow = failuresInRow;
@@ -278,6 +283,12 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       const routable = (row.flags & (FLAG_HEALTHY | FLAG_ENABLED)) === (FLAG_HEALTHY | FLAG_ENABLED);
       weights[i] = routable ? row.weight : 0;
       flags[i] = row.flags;
+      // A node back in the rankings a short while (FLAG_WARMING, for --eject-ms) may have cold
+      // caches: its cancelled attempts (hedge losers above all) run on to their answers, up to the
+      // request timeout, instead of being cut after the grace. Seed 000: hedging absorbs a cold
+      // cache after a restart; cutting its slow reads would count them against it (ejection) and
+      // may stop the rebuilds that warm it. A node that hangs is still found, by its timeouts.
+      this.transports[i]!.cancelGraceMs = (row.flags & FLAG_WARMING) !== 0 ? this.requestTimeoutMs : this.cancelGraceMs;
       if (routable && (row.flags & FLAG_LEADER) !== 0) leader = i;
     }
     this.view.leader = leader;

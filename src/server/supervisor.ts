@@ -17,7 +17,7 @@ import { Worker } from 'node:worker_threads';
 import { ConfigError, jsonProblem } from '../errors.js';
 import { openAccessLog } from './access-log.js';
 import { ALREADY_EJECTED, ALREADY_OUT, Membership, type EjectionPolicy, type EjectVerdict, type MemberConfig } from '../membership/membership.js';
-import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, TableWriter, type NodeRow } from '../membership/table.js';
+import { FLAG_ENABLED, FLAG_HEALTHY, FLAG_LEADER, FLAG_WARMING, TableWriter, type NodeRow } from '../membership/table.js';
 import { C_HINTS_EXPIRED, C_HINTS_LOST, CounterSlot, addTotals, counterBytes, endedTotals, readTotals, totalsById, type TotalsById } from '../metrics/counters.js';
 import { mergeSummaries } from '../metrics/histograms.js';
 import { Router } from '../router/router.js';
@@ -224,6 +224,8 @@ export class FrontDoor extends EventEmitter {
   private readonly mainSlot: CounterSlot;
   /** Passive health's terms (`ejectMs`, `ejectMaxPercent`). */
   private readonly ejection: EjectionPolicy;
+  /** Publishes the table again when the first node's warm-up (FLAG_WARMING) ends. */
+  private warmTimer: NodeJS.Timeout | null = null;
   /** When each node's last "kept in" line was written (one a node per `ejectMs`). */
   private readonly keptInSaidAt = new Map<number, number>();
 
@@ -579,6 +581,8 @@ export class FrontDoor extends EventEmitter {
   private stopPolling(): void {
     for (const membership of this.memberships) membership.stop();
     for (const probe of this.leaderProbes) probe?.stop();
+    if (this.warmTimer !== null) clearTimeout(this.warmTimer);
+    this.warmTimer = null;
   }
 
   /**
@@ -906,22 +910,35 @@ export class FrontDoor extends EventEmitter {
 
   private publish(): void {
     const rows: NodeRow[] = [];
+    const now = performance.now();
+    const warmMs = this.ejection.baseMs;
+    let warmEnds = Infinity;
     this.memberships.forEach((membership, clusterIndex) => {
       // During construction the probes do not exist yet: no leader is known then anyway.
       const leader = this.leaderProbes?.[clusterIndex]?.leader ?? null;
       for (const node of membership.nodes()) {
         const healthy = membership.isHealthy(node.id);
+        // Back in the rankings less than --eject-ms ago (a restart, an ejection over): warming.
+        const returnedAt = membership.returnedAt(node.id);
+        const warming = healthy && returnedAt > 0 && now - returnedAt < warmMs;
+        if (warming) warmEnds = Math.min(warmEnds, returnedAt + warmMs);
         rows.push({
           // Capacity, healthy or not: health is in the flags (the workers zero an unhealthy
           // node's routable weight), and replicated routes place keys on members by capacity.
           weight: membership.capacityWeight(node.id),
-          flags: (healthy ? FLAG_HEALTHY : 0) | FLAG_ENABLED | (node.id === leader ? FLAG_LEADER : 0),
+          flags: (healthy ? FLAG_HEALTHY : 0) | FLAG_ENABLED | (node.id === leader ? FLAG_LEADER : 0) | (warming ? FLAG_WARMING : 0),
           region: -1,
           cluster: clusterIndex,
         });
       }
     });
     this.table.publish(rows);
+    // Published again when the first warm-up ends (its flag cleared).
+    if (this.warmTimer !== null) clearTimeout(this.warmTimer);
+    this.warmTimer = warmEnds === Infinity ? null : setTimeout(() => {
+      this.warmTimer = null;
+      this.publish();
+    }, warmEnds - now + 1).unref();
   }
 
   private async spawnAll(): Promise<void> {
