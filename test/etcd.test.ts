@@ -125,6 +125,12 @@ describe('etcd behind Lakefront', () => {
       assert.equal(write.headers['x-lakefront-affinity'], undefined, 'and the client keeps its ticket');
       const after = await call(`${door.url}/v3/kv/range`, { method: 'POST', body: JSON.stringify({ key: b64('sticky') }), headers: pinned });
       assert.equal(after.headers['x-lakefront-served-by'], follower, 'its reads stay on the follower');
+      // A client without a ticket whose first request is a write gets none: one naming the
+      // leader would pin all its reads there (helper-62).
+      const first = await call(`${door.url}/v3/kv/put`, { method: 'POST', body: JSON.stringify({ key: b64('sticky-2'), value: b64('v') }) });
+      assert.equal(first.status, 200);
+      assert.equal(first.headers['x-lakefront-served-by'], leader);
+      assert.equal(first.headers['x-lakefront-affinity'], undefined, 'a write to the leader is no placement: no ticket');
     } finally {
       await door.stop();
     }

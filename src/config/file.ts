@@ -311,7 +311,9 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
       keyHeader,
       operations: r.operations !== undefined ? operations(r.operations, `${where}.operations`, base.operations ?? null) : (base.operations ?? null),
       hedge: bool(r, 'hedge', where) ?? base.hedge ?? true,
-      failoverUnsent: bool(r, 'failoverUnsent', where) ?? base.failoverUnsent ?? false,
+      // An affinity route re-places a client whose node cannot be reached (seed 004: a ticket for
+      // a failed node does not bounce the client): a write never sent goes on to a sibling.
+      failoverUnsent: bool(r, 'failoverUnsent', where) ?? base.failoverUnsent ?? (r.affinity !== undefined && r.affinity !== null),
       affinity: r.affinity !== undefined && r.affinity !== null ? affinity(r.affinity, `${where}.affinity`, keyHeader, clusterConfig.members) : null,
       quorum: replicated ? quorum(r.quorum, `${where}.quorum`, clusterConfig, region) : null,
     };

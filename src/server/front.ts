@@ -29,7 +29,7 @@ import { UpstreamRequest } from '../forward/upstream.js';
 import { FLAG_HEALTHY, TableReader, type NodeRow } from '../membership/table.js';
 import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
 import { NodeHistograms } from '../metrics/histograms.js';
-import { pinFirst, placeClient, type Policy } from '../policies/types.js';
+import { pinFirst, placeClient, placesByTurn, type Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type NodeSpec, type RouteSpec, type SavedHint, type WorkerInit } from './protocol.js';
@@ -292,20 +292,23 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     exchange.op = this.op;
     // A policy ranks every routable node; the exchange holds at most MAX_CANDIDATES of them.
     exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates), exchange.candidates.length);
-    // A ticket's client on a rotating route takes its own turn, not the route's: where its node
+    // A ticket's client on a rotating or keyless route (placesByTurn) takes its own turn, not the route's: where its node
     // cannot take the request (gone, or failing now), it goes to the same sibling as its other
     // requests and its sockets (seed 004), not to whichever is next in the rotation. Placed by
     // ticket, a client goes to its region first (a leader's writes stay with the leader).
-    const turn = this.placeTurn;
-    const region = this.region !== null && !(this.op !== OP_READ && this.route.policy.leaderWrites === true) ? runtime.regionIndex(this.region) : -1;
+    // Not a write where writes belong to the leader: neither turn nor region moves it.
+    const leaderWrite = this.op !== OP_READ && this.route.policy.leaderWrites === true;
+    const turn = leaderWrite ? -1 : this.placeTurn;
+    const region = this.region !== null && !leaderWrite ? runtime.regionIndex(this.region) : -1;
     if (turn >= 0 || region >= 0) placeClient(exchange.candidates, exchange.count, this.pinned, turn, runtime.regionOf, region, this.route.policy, this.route.turns);
     // A client with a ticket is not hedged, on its node or placed anew on a sibling (its own turn,
     // above): its session belongs on one node, and a hedge would answer it from another (with a
     // ticket for that one) while its other requests and sockets go to the first. A failure still
     // fails over.
     if (this.pinned >= 0 || turn >= 0) exchange.hedgeEnabled = false;
-    // Where writes belong to the leader (hybrid), a ticket does not move them; the client keeps it.
-    if (this.pinned >= 0 && this.op !== OP_READ && this.route.policy.leaderWrites === true) this.ticketKept = true;
+    // Where writes belong to the leader (hybrid), a ticket does not move them; the client keeps
+    // it, and a client without one gets none (one naming the leader would pin its reads there).
+    if (leaderWrite) this.ticketKept = true;
     else if (this.pinned >= 0) {
       const count = pinFirst(exchange.candidates, exchange.count, this.pinned, runtime.view.weights[this.pinned]! > 0);
       if (count < 0) this.pinned = -1;
@@ -1209,7 +1212,7 @@ export class WorkerFront implements TunnelHost {
           pinned = route.runtime.indexOf(checked.node);
           renew = tickets.wearing(checked.expiresAt);
           region = checked.region ?? region;
-          if (route.policy.rotating === true) turn = checked.turn;
+          if (placesByTurn(route.policy, route.spec.keyHeader)) turn = checked.turn;
         }
       }
     }

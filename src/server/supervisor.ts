@@ -319,7 +319,8 @@ export class FrontDoor extends EventEmitter {
         keyHeader: route.keyHeader,
         operations: route.operations ?? null,
         hedge: route.hedge ?? true,
-        failoverUnsent: route.failoverUnsent ?? false,
+        // An affinity route re-places a client whose node cannot be reached (seed 004).
+        failoverUnsent: route.failoverUnsent ?? (route.affinity !== undefined && route.affinity !== null),
         affinity: route.affinity ?? null,
         quorum: route.quorum ?? null,
       };

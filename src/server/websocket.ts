@@ -38,7 +38,7 @@ import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { connectionNamed } from '../forward/fields.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
-import { pinFirst, placeClient, type Policy } from '../policies/types.js';
+import { pinFirst, placeClient, placesByTurn, type Policy } from '../policies/types.js';
 import { TICKET_PROTOCOL_PREFIX, type TicketBook } from '../affinity/tickets.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
 import type { ExtraHeader } from './front.js';
@@ -345,7 +345,7 @@ export class WebSocketTunnels {
     }
     const runtime = route.runtime;
     const ranking = new Int32Array(runtime.size);
-    const count = Math.min(route.policy.pick(key, OP_READ, ranking), MAX_CANDIDATES);
+    let count = Math.min(route.policy.pick(key, OP_READ, ranking), MAX_CANDIDATES);
     if (count === 0) {
       host.refuse(res, 503, errorBody('no healthy node', ErrorCodes.NO_HEALTHY_NODE), false);
       return;
@@ -353,19 +353,23 @@ export class WebSocketTunnels {
     // The client's region (its ticket's, else the front door's): placed anew, it goes there first.
     let region = tickets === null ? null : host.region;
     let pin = -1;
-    // A ticket's client on a rotating route takes its own turn, as its requests do (front.ts).
+    // A ticket's client on a rotating or keyless route takes its own turn, as its requests do (front.ts).
     let turn = -1;
     if (tickets !== null && ticket !== '') {
       const checked = tickets.check(ticket);
       if ('node' in checked) {
         pin = runtime.indexOf(checked.node);
         region = checked.region ?? region;
-        if (route.policy.rotating === true) turn = checked.turn;
+        if (placesByTurn(route.policy, route.spec.keyHeader)) turn = checked.turn;
       }
     }
     const regionIndex = runtime.regionIndex(region);
     if (turn >= 0 || regionIndex >= 0) placeClient(ranking, count, pin, turn, runtime.regionOf, regionIndex, route.policy, route.turns);
-    if (pin >= 0) pinFirst(ranking, count, pin, runtime.view.weights[pin]! > 0);
+    if (pin >= 0) {
+      // A routable node past the candidates held goes in front of them (the last drops out).
+      const pinned = pinFirst(ranking, count, pin, runtime.view.weights[pin]! > 0);
+      if (pinned >= 0) count = Math.min(pinned, MAX_CANDIDATES);
+    }
     host.slot.bump(C_REQUESTS);
     if (offered !== '') headers['sec-websocket-protocol'] = offered;
     let aborted = false;
