@@ -16,7 +16,7 @@ import { ConfigError } from '../src/errors.js';
 import { defaultSettings } from '../src/server/settings.js';
 import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
-import { call, rpc } from './fixtures/http.js';
+import { call, rawExchange, rpc } from './fixtures/http.js';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -620,6 +620,68 @@ describe('re-placement keeps a client together on keyless routes of any policy, 
     } finally {
       await door.stop();
       await Promise.all(nodes.slice(1).map((n) => n.stop()));
+    }
+  });
+});
+
+describe('tickets that cannot be read one way, and apps across clusters (helper-62)', () => {
+  const settings: AffinitySettings = { app: 'boards', header: 'x-lakefront-affinity', ttlSeconds: 3600, generation: 1, keys: ['k'.repeat(40)] };
+  const book = new TicketBook(settings);
+
+  it('takes two ticket lines as none (placed anew, with a fresh ticket), whichever of them is valid', async () => {
+    const nodes = await startNodes('td-a', 'td-b', 'td-c');
+    const door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [{ pattern: '/rpc/*', cluster: 'default', policy: 'round_robin', keyHeader: null, affinity: settings }],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({ hedgeMode: 'off' }),
+    });
+    try {
+      const good = book.mint('td-a');
+      for (const [first, second] of [[good, 'junk'], ['junk', good]]) {
+        const raw = await rawExchange(door.url, `GET /rpc/q HTTP/1.1\r\nhost: x\r\nx-lakefront-affinity: ${first}\r\nx-lakefront-affinity: ${second}\r\nconnection: close\r\n\r\n`);
+        assert.match(raw, /^HTTP\/1\.1 200 /);
+        // Placed anew: the answer carries a fresh ticket, wherever it landed.
+        assert.match(raw, /\r\nx-lakefront-affinity: /i, `${first === good ? 'good first' : 'good second'}: a fresh ticket`);
+      }
+      // One line: pinned, no fresh ticket.
+      const pinned = await rawExchange(door.url, `GET /rpc/q HTTP/1.1\r\nhost: x\r\nx-lakefront-affinity: ${good}\r\nconnection: close\r\n\r\n`);
+      assert.match(pinned, /\r\nx-lakefront-served-by: td-a\r\n/i);
+      assert.doesNotMatch(pinned, /\r\nx-lakefront-affinity: /i);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
+  it('refuses at start two clusters\' routes with one affinity app (a ticket does not name its cluster)', async () => {
+    const nodes = await startNodes('ta-a', 'ta-b');
+    try {
+      await assert.rejects(
+        FrontDoor.start({
+          host: '127.0.0.1',
+          port: 0,
+          threads: 1,
+          clusters: [
+            { name: 'live', members: [{ id: 'n1', url: nodes[0]!.url }] },
+            { name: 'api', members: [{ id: 'n1', url: nodes[1]!.url }] },
+          ],
+          routes: [
+            { pattern: '/live/*', cluster: 'live', policy: 'round_robin', keyHeader: null, affinity: settings },
+            { pattern: '/api/*', cluster: 'api', policy: 'round_robin', keyHeader: null, affinity: settings },
+          ],
+          healthIntervalMs: 60_000,
+          healthTimeoutMs: 500,
+          settings: defaultSettings({}),
+        }),
+        (err: Error) => err instanceof ConfigError && /^route \/api\/\*: affinity app "boards" is also an app of cluster "live"'s routes/.test(err.message),
+      );
+    } finally {
+      await Promise.all(nodes.map((n) => n.stop()));
     }
   });
 });

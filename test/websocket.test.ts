@@ -765,6 +765,8 @@ describe('WebSocket tunnels with affinity tickets', () => {
     assert.equal(withApp.protocol, 'chat.v2', "the node's own choice wins");
     assert.equal(nodes.find((n) => n.id === placed.node)!.handshakes.at(-1)!['sec-websocket-protocol'], 'chat.v2');
     assert.equal((await visit([], { 'x-lakefront-affinity': placed.ticket })).node, placed.node, 'or as a header');
+    // A header ticket that does not check out gives way to the one offered (helper-62).
+    for (let i = 0; i < 3; i++) assert.equal((await visit([`lakefront-affinity.${placed.ticket}`], { 'x-lakefront-affinity': 'junk' })).node, placed.node, 'a bad header ticket, a good offered one');
     // Two tickets offered: the first is read, and the first is selected back (not the other).
     for (const offered of [[`lakefront-affinity.${placed.ticket}`, 'lakefront-affinity.forged'], ['lakefront-affinity.forged', `lakefront-affinity.${placed.ticket}`]]) {
       const both = await visit(offered);

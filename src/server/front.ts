@@ -1273,6 +1273,7 @@ const scan = {
   /** The route's affinity ticket header ('' when it has none), and the ticket found. */
   ticketHeader: '',
   ticket: '',
+  ticketLines: 0,
   headers: [] as string[],
   key: '',
   contentLength: '',
@@ -1296,6 +1297,7 @@ const scan = {
     this.keyHeader = keyHeader;
     this.ticketHeader = ticketHeader;
     this.ticket = '';
+    this.ticketLines = 0;
     this.headers = [];
     this.key = '';
     this.contentLength = '';
@@ -1387,7 +1389,9 @@ function scanHeader(name: string, value: string): void {
   }
   // The ticket is the front door's business: not forwarded.
   if (name.length === scan.ticketHeader.length && name === scan.ticketHeader) {
-    scan.ticket = value;
+    // Two ticket lines are none: which one the client meant cannot be told.
+    scan.ticket = scan.ticketLines === 0 ? value : '';
+    scan.ticketLines++;
     return;
   }
   scan.headers.push(name, value);

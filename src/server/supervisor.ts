@@ -299,6 +299,18 @@ export class FrontDoor extends EventEmitter {
       });
       return probe;
     });
+    // A ticket names its app and node, not its cluster: two clusters' routes with one app would
+    // take each other's tickets and pin a client to whichever node has the same id (helper-62).
+    const appCluster = new Map<string, string>();
+    for (const route of config.routes) {
+      const app = route.affinity?.app;
+      if (app === undefined) continue;
+      const other = appCluster.get(app);
+      if (other !== undefined && other !== route.cluster) {
+        throw new ConfigError(`route ${route.pattern}: affinity app "${app}" is also an app of cluster "${other}"'s routes; a ticket does not name its cluster, so give each cluster's routes their own app`);
+      }
+      appCluster.set(app, route.cluster);
+    }
     this.routes = config.routes.map((route) => {
       const cluster = config.clusters.findIndex((c) => c.name === route.cluster);
       if (cluster < 0) throw new Error(`route ${route.pattern}: unknown cluster "${route.cluster}"`);

@@ -270,7 +270,9 @@ export class WebSocketTunnels {
     let keys = 0;
     // The subprotocol offer: every line of it, as one list (RFC 6455 11.3.4).
     let offered = '';
+    let ticketLines = 0;
     req.forEach((name, value) => {
+      if (name === tickets?.header) ticketLines++;
       if (name === 'connection') connection = connection === '' ? value : `${connection}, ${value}`;
       else if (name === 'host') hosts++;
       else if (name === keyHeader) keys++;
@@ -279,8 +281,10 @@ export class WebSocketTunnels {
       // Two field lines are one list; cookies are joined as one cookie line (RFC 9113 8.2.3).
       headers[name] = name in headers ? `${headers[name]}${name === 'cookie' ? '; ' : ', '}${value}` : value;
     });
-    // An affinity ticket comes as a header or, from a browser, as an offered subprotocol.
-    let ticket = tickets === null ? '' : req.getHeader(tickets.header);
+    // An affinity ticket comes as a header or, from a browser, as an offered subprotocol. Two
+    // ticket lines are none (as for a request: which one the client meant cannot be told).
+    const ticket = tickets === null || ticketLines !== 1 ? '' : req.getHeader(tickets.header);
+    let offeredTicket = '';
     let ticketProtocol = '';
     if (tickets !== null && offered.includes(TICKET_PROTOCOL_PREFIX)) {
       const rest: string[] = [];
@@ -291,7 +295,7 @@ export class WebSocketTunnels {
           // dropped (offered to nobody).
           if (ticketProtocol !== '') continue;
           ticketProtocol = p;
-          if (ticket === '') ticket = p.slice(TICKET_PROTOCOL_PREFIX.length);
+          offeredTicket = p.slice(TICKET_PROTOCOL_PREFIX.length);
         } else if (p !== '') rest.push(p);
       }
       offered = rest.join(', ');
@@ -355,9 +359,11 @@ export class WebSocketTunnels {
     let pin = -1;
     // A ticket's client on a rotating or keyless route takes its own turn, as its requests do (front.ts).
     let turn = -1;
-    if (tickets !== null && ticket !== '') {
-      const checked = tickets.check(ticket);
-      if ('node' in checked) {
+    if (tickets !== null && (ticket !== '' || offeredTicket !== '')) {
+      // The header's ticket first; one that does not check out gives way to the offered one.
+      let checked = ticket !== '' ? tickets.check(ticket) : null;
+      if ((checked === null || !('node' in checked)) && offeredTicket !== '') checked = tickets.check(offeredTicket);
+      if (checked !== null && 'node' in checked) {
         pin = runtime.indexOf(checked.node);
         region = checked.region ?? region;
         if (placesByTurn(route.policy, route.spec.keyHeader)) turn = checked.turn;
