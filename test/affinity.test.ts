@@ -553,6 +553,20 @@ describe('affinity across regions', () => {
   });
 });
 
+/** One worker thread over `nodes` as the default cluster, and one affinity route (`pattern`, keyless). */
+function ticketDoor(nodes: readonly FakeNode[], pattern: string, policy: 'round_robin' | 'boltzmann' | 'hybrid', affinity: AffinitySettings): Promise<FrontDoor> {
+  return FrontDoor.start({
+    host: '127.0.0.1',
+    port: 0,
+    threads: 1,
+    clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+    routes: [{ pattern, cluster: 'default', policy, keyHeader: null, affinity }],
+    healthIntervalMs: 60_000,
+    healthTimeoutMs: 500,
+    settings: defaultSettings({ hedgeMode: 'off' }),
+  });
+}
+
 describe('re-placement keeps a client together on keyless routes of any policy, and writes to a leader mint no ticket (helper-62)', () => {
   const settings: AffinitySettings = { app: 'boards', header: 'x-lakefront-affinity', ttlSeconds: 3600, generation: 1, keys: ['k'.repeat(40)] };
   const book = new TicketBook(settings);
@@ -564,16 +578,7 @@ describe('re-placement keeps a client together on keyless routes of any policy, 
   for (const policy of ['boltzmann', 'hybrid'] as const) {
     it(`sends every request of a client whose node is out to one sibling, with one fresh ticket, on a keyless ${policy} route`, async () => {
       const nodes = await startNodes('kp-a', 'kp-b', 'kp-c', 'kp-d');
-      const door = await FrontDoor.start({
-        host: '127.0.0.1',
-        port: 0,
-        threads: 1,
-        clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-        routes: [{ pattern: '/rpc/*', cluster: 'default', policy, keyHeader: null, affinity: settings }],
-        healthIntervalMs: 60_000,
-        healthTimeoutMs: 500,
-        settings: defaultSettings({ hedgeMode: 'off' }),
-      });
+      const door = await ticketDoor(nodes, '/rpc/*', policy, settings);
       try {
         const ticket = book.mint('kp-a');
         nodes[0]!.healthy = false;
@@ -598,16 +603,7 @@ describe('re-placement keeps a client together on keyless routes of any policy, 
 
   it('re-places a ticket holder\'s write on a sibling when its node refuses the connection (the write was never sent)', async () => {
     const nodes = await startNodes('kw-a', 'kw-b', 'kw-c');
-    const door = await FrontDoor.start({
-      host: '127.0.0.1',
-      port: 0,
-      threads: 1,
-      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [{ pattern: '/live/*', cluster: 'default', policy: 'round_robin', keyHeader: null, affinity: settings }],
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      settings: defaultSettings({}),
-    });
+    const door = await ticketDoor(nodes, '/live/*', 'round_robin', settings);
     try {
       const ticket = book.mint('kw-a');
       // Its node dies; no probe has run yet: the front door learns of it from the refused connection.
@@ -630,16 +626,7 @@ describe('tickets that cannot be read one way, and apps across clusters (helper-
 
   it('takes two ticket lines as none (placed anew, with a fresh ticket), whichever of them is valid', async () => {
     const nodes = await startNodes('td-a', 'td-b', 'td-c');
-    const door = await FrontDoor.start({
-      host: '127.0.0.1',
-      port: 0,
-      threads: 1,
-      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
-      routes: [{ pattern: '/rpc/*', cluster: 'default', policy: 'round_robin', keyHeader: null, affinity: settings }],
-      healthIntervalMs: 60_000,
-      healthTimeoutMs: 500,
-      settings: defaultSettings({ hedgeMode: 'off' }),
-    });
+    const door = await ticketDoor(nodes, '/rpc/*', 'round_robin', settings);
     try {
       const good = book.mint('td-a');
       for (const [first, second] of [[good, 'junk'], ['junk', good]]) {

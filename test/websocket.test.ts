@@ -45,6 +45,14 @@ async function closed(ws: WebSocket): Promise<{ code: number; reason: string }> 
   return { code, reason: reason.toString() };
 }
 
+/** The node's last socket stops reading; the client sends `count` messages of `size`: the close code it gets. */
+async function floodStalledNode(node: WsNode, ws: WebSocket, count: number, size: number): Promise<number> {
+  (node.sockets.at(-1) as unknown as { _socket: Socket })._socket.pause();
+  const closing = closed(ws);
+  for (let i = 0; i < count; i++) ws.send(Buffer.alloc(size, 4), { binary: true });
+  return (await closing).code;
+}
+
 /** The plain HTTP answer a handshake got instead of a 101. */
 async function refusal(ws: WebSocket): Promise<{ status: number; headers: IncomingHttpHeaders; body: string }> {
   // An accepted handshake fails the test at once, rather than waiting out its timeout.
@@ -443,10 +451,7 @@ describe('WebSocket tunnels', () => {
       assert.ok('data' in echo, `closed (${JSON.stringify(echo)}), not echoed`);
       assert.equal(echo.data.length, message.length, 'through to the node and back, not closed for its own size');
       // The node stops reading: what the client sends piles up at the front door, up to the limit.
-      (node.sockets.at(-1) as unknown as { _socket: import('node:net').Socket })._socket.pause();
-      const closing = closed(ws);
-      for (let i = 0; i < 64; i++) ws.send(Buffer.alloc(1024 * 1024, 4), { binary: true });
-      assert.equal((await closing).code, 1013);
+      assert.equal(await floodStalledNode(node, ws, 64, 1024 * 1024), 1013);
     } finally {
       await big.stop();
     }
@@ -465,11 +470,8 @@ describe('WebSocket tunnels', () => {
         ws.send(message, { binary: true });
         assert.equal((await nextMessage(ws)).data.length, message.length);
       }
-      (node.sockets.at(-1) as unknown as { _socket: import('node:net').Socket })._socket.pause();
-      const closing = closed(ws);
       // Past what the sockets' kernel buffers take (a few MiB on loopback), the limit is reached.
-      for (let i = 0; i < 256; i++) ws.send(Buffer.alloc(64 * 1024, 6), { binary: true });
-      assert.equal((await closing).code, 1013);
+      assert.equal(await floodStalledNode(node, ws, 256, 64 * 1024), 1013);
     } finally {
       await small.stop();
     }
