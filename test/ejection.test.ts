@@ -257,6 +257,14 @@ describe('what counts toward ejection, and what does not', () => {
     }
     assert.equal(await ejections(front, cold.id), 0);
     assert.ok((await call(`${front.url}/health`)).json<{ healthy: string[] }>().healthy.includes(cold.id));
+    // An attempt whose client left is cut off after the grace as ever: nobody waits for it.
+    const outcome = Promise.race([once(cold, 'answered').then(() => 'answered'), once(cold, 'abandoned').then(() => 'cut off')]);
+    const socket = connect(front.port, '127.0.0.1');
+    await once(socket, 'connect');
+    socket.write(`GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: ${board}\r\n\r\n`);
+    await once(cold, 'request');
+    socket.destroy();
+    assert.equal(await outcome, 'cut off');
   });
 
   it('a hedge loser whose answer came while the worker was stalled past its grace is answered, not cut off', async () => {

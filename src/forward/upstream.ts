@@ -78,11 +78,13 @@ export interface AttemptObserver {
 
 /** One node's connections. */
 export interface NodeTransport {
+  /** How long a cancelled attempt (its client gone, or a hedge loser) may still finish before its connection is closed. */
+  readonly cancelGraceMs: number;
   /**
-   * How long a cancelled attempt (a hedge loser, or its client gone) may still finish before its
-   * connection is closed. Set anew at each membership change (a warming node's run longer).
+   * The same for a hedge loser: the grace, or the request timeout while the node is warming
+   * (back in the rankings a short while: see ClusterRuntime.update). Set at each membership change.
    */
-  cancelGraceMs: number;
+  loserGraceMs: number;
   attempt(exchange: AttemptSink, ordinal: number, node: number, request: UpstreamRequest): AttemptHandle;
   close(graceful: boolean): Promise<void>;
 }
@@ -116,6 +118,11 @@ export const CUT_OFF = new H1Error('LF_ERR_ATTEMPT_CUT_OFF', 'a hedge loser cut 
 /** CUT_OFF for a written hedge loser, else CANCELLED. */
 function cancelledAs(exchange: AttemptSink): H1Error {
   return exchange.winner !== undefined && exchange.winner >= 0 ? CUT_OFF : CANCELLED;
+}
+
+/** How long a cancelled attempt may finish: a hedge loser's grace, or (its client gone) the plain one. */
+function graceOf(transport: NodeTransport, exchange: AttemptSink): number {
+  return exchange.winner !== undefined && exchange.winner >= 0 ? transport.loserGraceMs : transport.cancelGraceMs;
 }
 
 /**
@@ -177,7 +184,7 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
     if (this.ended || this.cancelled) return;
     this.cancelled = true;
     // Not written yet: nothing to wait for.
-    this.killAfter(this.transport.pool.isWritten(this.ticket!) ? this.transport.cancelGraceMs : 0);
+    this.killAfter(this.transport.pool.isWritten(this.ticket!) ? graceOf(this.transport, this.exchange) : 0);
   }
 
   /** @internal drop the request (queued) or close its connection (written). */
@@ -214,7 +221,8 @@ class H1Transport implements NodeTransport {
     url: string,
     options: TransportOptions,
     readonly observer: AttemptObserver,
-    public cancelGraceMs = options.cancelGraceMs,
+    readonly cancelGraceMs = options.cancelGraceMs,
+    public loserGraceMs = options.cancelGraceMs,
   ) {
     this.pool = agent.pool(url, {
       connections: options.connections,
@@ -301,7 +309,7 @@ class DispatchAttempt extends CancellableAttempt {
     if (this.ended || this.cancelled) return;
     this.cancelled = true;
     if (this.abortFn === null) return; // not on a socket yet: onConnect drops it
-    this.killAfter(this.transport.cancelGraceMs);
+    this.killAfter(graceOf(this.transport, this.exchange));
   }
 
   /** @internal grace expired: close the connection. */
@@ -401,7 +409,8 @@ export function undiciFailure(err: Error, neverOnSocket: boolean): Error & { cod
 
 class UndiciTransport implements NodeTransport {
   readonly pool: Pool;
-  cancelGraceMs: number;
+  readonly cancelGraceMs: number;
+  loserGraceMs: number;
   readonly requestTimeoutMs: number;
   constructor(
     url: string,
@@ -409,6 +418,7 @@ class UndiciTransport implements NodeTransport {
     readonly observer: AttemptObserver,
   ) {
     this.cancelGraceMs = options.cancelGraceMs;
+    this.loserGraceMs = options.cancelGraceMs;
     this.requestTimeoutMs = options.requestTimeoutMs;
     this.pool = new Pool(url, {
       connections: options.connections,

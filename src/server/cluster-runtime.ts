@@ -284,11 +284,11 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       weights[i] = routable ? row.weight : 0;
       flags[i] = row.flags;
       // A node back in the rankings a short while (FLAG_WARMING, for --eject-ms) may have cold
-      // caches: its cancelled attempts (hedge losers above all) run on to their answers, up to the
-      // request timeout, instead of being cut after the grace. Seed 000: hedging absorbs a cold
+      // caches: its hedge losers run on to their answers, up to the request timeout, instead of
+      // being cut after the grace (an attempt whose client left is cut as ever). Seed 000: hedging absorbs a cold
       // cache after a restart; cutting its slow reads would count them against it (ejection) and
       // may stop the rebuilds that warm it. A node that hangs is still found, by its timeouts.
-      this.transports[i]!.cancelGraceMs = (row.flags & FLAG_WARMING) !== 0 ? this.requestTimeoutMs : this.cancelGraceMs;
+      this.transports[i]!.loserGraceMs = (row.flags & FLAG_WARMING) !== 0 ? this.requestTimeoutMs : this.cancelGraceMs;
       if (routable && (row.flags & FLAG_LEADER) !== 0) leader = i;
     }
     this.view.leader = leader;
