@@ -567,39 +567,13 @@ function ticketDoor(nodes: readonly FakeNode[], pattern: string, policy: 'round_
   });
 }
 
-describe('re-placement keeps a client together on keyless routes of any policy, and writes to a leader mint no ticket (helper-62)', () => {
+describe('a ticket holder whose node died is re-placed, even for a write (helper-62)', () => {
   const settings: AffinitySettings = { app: 'boards', header: 'x-lakefront-affinity', ttlSeconds: 3600, generation: 1, keys: ['k'.repeat(40)] };
   const book = new TicketBook(settings);
   const nodeOf = (ticket: unknown): string => {
     const checked = book.check(String(ticket));
     return 'node' in checked ? checked.node : `refused: ${checked.refused}`;
   };
-
-  for (const policy of ['boltzmann', 'hybrid'] as const) {
-    it(`sends every request of a client whose node is out to one sibling, with one fresh ticket, on a keyless ${policy} route`, async () => {
-      const nodes = await startNodes('kp-a', 'kp-b', 'kp-c', 'kp-d');
-      const door = await ticketDoor(nodes, '/rpc/*', policy, settings);
-      try {
-        const ticket = book.mint('kp-a');
-        nodes[0]!.healthy = false;
-        await door.memberships[0]!.probeOnce();
-        const landed = new Set<string>();
-        const fresh = new Set<string>();
-        for (let i = 0; i < 8; i++) {
-          const reply = await call(`${door.url}/rpc/query.execute`, { headers: { 'x-lakefront-affinity': ticket } });
-          assert.equal(reply.status, 200);
-          landed.add(String(reply.headers['x-lakefront-served-by']));
-          fresh.add(nodeOf(reply.headers['x-lakefront-affinity']));
-        }
-        assert.equal(landed.size, 1, `one sibling for one client: ${[...landed].join(' ')}`);
-        assert.ok(!landed.has('kp-a'));
-        assert.deepEqual([...fresh], [...landed], 'its fresh tickets all name that sibling');
-      } finally {
-        await door.stop();
-        await Promise.all(nodes.map((n) => n.stop()));
-      }
-    });
-  }
 
   it('re-places a ticket holder\'s write on a sibling when its node refuses the connection (the write was never sent)', async () => {
     const nodes = await startNodes('kw-a', 'kw-b', 'kw-c');

@@ -267,6 +267,37 @@ describe('what counts toward ejection, and what does not', () => {
     assert.equal(await outcome, 'cut off');
   });
 
+  it('a reload keeps a warming node warming, and a node out at the reload warms when it passes the new front door\'s first probe', async () => {
+    const settings = { hedgeDelayMs: 30, hedgeBudgetPercent: 100, cancelGraceMs: 20, requestTimeoutMs: 10_000 };
+    const first = await start(settings);
+    const [restarted, down] = nodes as [FakeNode, FakeNode];
+    // One node restarts before the reload (out, then back: warming); another is out at the reload.
+    restarted.healthy = false;
+    down.healthy = false;
+    await first.memberships[0]!.probeOnce();
+    restarted.healthy = true;
+    await first.memberships[0]!.probeOnce();
+    // The other is back by the time the new front door probes it first (nothing changes there
+    // but that return).
+    down.healthy = true;
+    const next = await first.reload(doorConfig(nodes, { ejectAfter: EJECT_AFTER, ...settings }, { threads: 1, ejectMs: 60_000 }));
+    door = next;
+    await first.drained;
+    for (const cold of [restarted, down]) {
+      const board = await boardOf(next, cold);
+      assert.equal((await ranking(next.url, board))[0], cold.id);
+      cold.behaviour = { kind: 'answer', delayMs: 150 };
+      for (let i = 0; i < EJECT_AFTER; i++) {
+        const outcome = Promise.race([once(cold, 'answered').then(() => 'answered'), once(cold, 'abandoned').then(() => 'cut off')]);
+        const reply = await rpc(next.url, 'query.execute', board);
+        assert.notEqual(reply.headers['x-lakefront-served-by'], cold.id, 'the hedge won');
+        assert.equal(await outcome, 'answered', `${cold.id}, read ${i}: the loser ran to its answer`);
+      }
+      cold.behaviour = { kind: 'answer' };
+      assert.equal(await ejections(next, cold.id), 0);
+    }
+  });
+
   it('a hedge loser whose answer came while the worker was stalled past its grace is answered, not cut off', async () => {
     // One cut-off loser would eject the node.
     const front = await start({ hedgeDelayMs: 30, hedgeBudgetPercent: 100, cancelGraceMs: 200, requestTimeoutMs: 10_000, ejectAfter: 1 });

@@ -303,6 +303,9 @@ export class Membership extends EventEmitter {
     state.ejections = before.ejections;
     state.backAt = before.backAt;
     state.returnedAt = before.returnedAt;
+    // Out there (down, or held), it starts out here too, without a change said (the caller
+    // publishes): its first passing probe is its return, and it warms then.
+    if (!before.healthy) state.healthy = false;
     const left = before.heldUntil - performance.now();
     if (left > 0) {
       this.markUnhealthy(id, left);

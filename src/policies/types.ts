@@ -162,16 +162,6 @@ export function placeClient(candidates: Int32Array, count: number, own: number, 
 }
 
 /**
- * Whether a ticket's client placed anew (its node gone or failing) takes its own turn among the
- * siblings: on a rotating policy, and on any route without a key header (boltzmann, hybrid),
- * whose placement would otherwise differ from one request or socket to the next, splitting the
- * client's legs (seed 004: both legs land on the same node). A keyed route places by its key.
- */
-export function placesByTurn(policy: Policy, keyHeader: string | null): boolean {
-  return policy.rotating === true || keyHeader === null;
-}
-
-/**
  * The next turn of `region` on a route (its `turns`, one counter a region) for `preferRegion`,
  * or -1 when the route's policy does not rotate.
  */

@@ -29,7 +29,7 @@ import { UpstreamRequest } from '../forward/upstream.js';
 import { FLAG_HEALTHY, TableReader, type NodeRow } from '../membership/table.js';
 import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
 import { NodeHistograms } from '../metrics/histograms.js';
-import { pinFirst, placeClient, placesByTurn, type Policy } from '../policies/types.js';
+import { pinFirst, placeClient, type Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type NodeSpec, type RouteSpec, type SavedHint, type WorkerInit } from './protocol.js';
@@ -292,7 +292,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     exchange.op = this.op;
     // A policy ranks every routable node; the exchange holds at most MAX_CANDIDATES of them.
     exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates), exchange.candidates.length);
-    // A ticket's client on a rotating or keyless route (placesByTurn) takes its own turn, not the route's: where its node
+    // A ticket's client on a rotating route takes its own turn, not the route's: where its node
     // cannot take the request (gone, or failing now), it goes to the same sibling as its other
     // requests and its sockets (seed 004), not to whichever is next in the rotation. Placed by
     // ticket, a client goes to its region first (a leader's writes stay with the leader).
@@ -1212,7 +1212,7 @@ export class WorkerFront implements TunnelHost {
           pinned = route.runtime.indexOf(checked.node);
           renew = tickets.wearing(checked.expiresAt);
           region = checked.region ?? region;
-          if (placesByTurn(route.policy, route.spec.keyHeader)) turn = checked.turn;
+          if (route.policy.rotating === true) turn = checked.turn;
         }
       }
     }

@@ -904,6 +904,9 @@ export class FrontDoor extends EventEmitter {
         if (known.has(member.id)) this.memberships[i]!.adopt(member.id, old);
       }
     });
+    // What was adopted without a change said (a member out, a return's time: warming) reaches
+    // the table now.
+    this.publish();
   }
 
   /**

@@ -38,7 +38,7 @@ import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { connectionNamed } from '../forward/fields.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
-import { pinFirst, placeClient, placesByTurn, type Policy } from '../policies/types.js';
+import { pinFirst, placeClient, type Policy } from '../policies/types.js';
 import { TICKET_PROTOCOL_PREFIX, type TicketBook } from '../affinity/tickets.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
 import type { ExtraHeader } from './front.js';
@@ -357,7 +357,7 @@ export class WebSocketTunnels {
     // The client's region (its ticket's, else the front door's): placed anew, it goes there first.
     let region = tickets === null ? null : host.region;
     let pin = -1;
-    // A ticket's client on a rotating or keyless route takes its own turn, as its requests do (front.ts).
+    // A ticket's client on a rotating route takes its own turn, as its requests do (front.ts).
     let turn = -1;
     if (tickets !== null && (ticket !== '' || offeredTicket !== '')) {
       // The header's ticket first; one that does not check out gives way to the offered one.
@@ -366,7 +366,7 @@ export class WebSocketTunnels {
       if (checked !== null && 'node' in checked) {
         pin = runtime.indexOf(checked.node);
         region = checked.region ?? region;
-        if (placesByTurn(route.policy, route.spec.keyHeader)) turn = checked.turn;
+        if (route.policy.rotating === true) turn = checked.turn;
       }
     }
     const regionIndex = runtime.regionIndex(region);
