@@ -15,6 +15,8 @@ const FAILURE_PENALTY_MS = 100;
 /** Probability factor for a member past MAX_FAILURES consecutive failures. */
 const NEAR_ZERO = 1e-6;
 const MAX_FAILURES = 3;
+/** A client re-placed by its ticket goes to a member drawn at least this share of the time. */
+const PLACEABLE_SHARE = 0.01;
 
 export class BoltzmannPolicy implements Policy {
   readonly name = 'boltzmann';
@@ -50,6 +52,11 @@ export class BoltzmannPolicy implements Policy {
   /** Current selection probability of `node` (for tests and stats). */
   share(node: number): number {
     return this.total > 0 ? this.probability[node]! / this.total : 0;
+  }
+
+  /** A client re-placed by its ticket goes to a member drawn at least 1% of the time, not one near zero. */
+  placeable(node: number): boolean {
+    return this.probability[node]! >= PLACEABLE_SHARE * this.total;
   }
 
   pick(_key: string, _op: number, out: Int32Array): number {

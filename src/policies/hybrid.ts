@@ -67,6 +67,11 @@ export class HybridPolicy implements Policy {
     return this.isEjected[node] === 1;
   }
 
+  /** A client re-placed by its ticket goes to a member of the read pool (not one ejected from it). */
+  placeable(node: number): boolean {
+    return this.isEjected[node] !== 1;
+  }
+
   pick(_key: string, op: number, out: Int32Array): number {
     const nodes = this.nodes;
     if (nodes.length === 0) return 0;

@@ -34,6 +34,13 @@ export interface Policy {
    * turn's start would take most placements.
    */
   readonly rotating?: boolean;
+  /**
+   * Whether a client re-placed by its ticket's turn may land on `node` (see `placeClient`): a
+   * keyless policy that avoids some members (hybrid's read pool, boltzmann's near-zero members)
+   * says so, and the turn is taken over the others. Defined, it also makes the policy place
+   * ticket holders by turn (`placesByTurn`).
+   */
+  placeable?(node: number): boolean;
   /** A write to the published leader could not connect: stop pinning writes to it until the next update. */
   leaderUnreachable?(node: number): void;
 }
@@ -128,6 +135,34 @@ function inTurn(candidates: Int32Array, count: number, turn: number): void {
 }
 
 /**
+ * Moves the candidates[0 .. count) the policy would place on ahead of the others (each group
+ * keeping its order); returns how many.
+ */
+function placeableFirst(candidates: Int32Array, count: number, policy: Policy): number {
+  let front = 0;
+  for (let i = 0; i < count; i++) {
+    const node = candidates[i]!;
+    if (!policy.placeable!(node)) continue;
+    if (i !== front) {
+      candidates.copyWithin(front + 1, front, i);
+      candidates[front] = node;
+    }
+    front++;
+  }
+  return front;
+}
+
+/**
+ * Whether a ticket's client placed anew (its node gone or failing) takes its own turn among the
+ * siblings, so that its requests and sockets land on one of them (seed 004: both legs on the
+ * same node): on a rotating policy, and on a keyless route whose policy says which members it
+ * places on (hybrid, boltzmann: the turn is taken over those). A keyed route places by its key.
+ */
+export function placesByTurn(policy: Policy, keyHeader: string | null): boolean {
+  return policy.rotating === true || (keyHeader === null && policy.placeable !== undefined);
+}
+
+/**
  * Moves `node` (if among candidates[0 .. count)) to the end of them; returns how many others come
  * before it (`count` when it is not there). A ticket's own node is set aside so that its client's
  * turn is taken over the siblings alone: the same sibling whether the node is still in the
@@ -156,6 +191,11 @@ export function placeClient(candidates: Int32Array, count: number, own: number, 
   let ordered = count;
   if (turn >= 0) {
     ordered = setAside(candidates, count, own);
+    // Only over the members the policy would place on, when it avoids some (and keeps any).
+    if (policy.placeable !== undefined) {
+      const fit = placeableFirst(candidates, ordered, policy);
+      if (fit > 0) ordered = fit;
+    }
     inTurn(candidates, ordered, turn);
   }
   if (region >= 0) preferRegion(candidates, ordered, regionOf, region, turn >= 0 ? turn : regionTurn(policy, turns, region));

@@ -29,7 +29,7 @@ import { UpstreamRequest } from '../forward/upstream.js';
 import { FLAG_HEALTHY, TableReader, type NodeRow } from '../membership/table.js';
 import { C_REJECTED, C_REQUESTS, CounterSlot } from '../metrics/counters.js';
 import { NodeHistograms } from '../metrics/histograms.js';
-import { pinFirst, placeClient, type Policy } from '../policies/types.js';
+import { pinFirst, placeClient, placesByTurn, type Policy } from '../policies/types.js';
 import { ClusterRuntime, type ProxiedRequest } from './cluster-runtime.js';
 import { OperationClassifier } from './operations.js';
 import { OP_READ, OP_UNSUPPORTED, OP_WRITE, type NodeSpec, type RouteSpec, type SavedHint, type WorkerInit } from './protocol.js';
@@ -1212,7 +1212,7 @@ export class WorkerFront implements TunnelHost {
           pinned = route.runtime.indexOf(checked.node);
           renew = tickets.wearing(checked.expiresAt);
           region = checked.region ?? region;
-          if (route.policy.rotating === true) turn = checked.turn;
+          if (placesByTurn(route.policy, route.spec.keyHeader)) turn = checked.turn;
         }
       }
     }

@@ -38,7 +38,7 @@ import { WsUpstream, type WsUpstreamHandler } from '../forward/ws-upstream.js';
 import { connectionNamed } from '../forward/fields.js';
 import { ErrorCodes, errorBody } from '../errors.js';
 import { C_REQUESTS, C_WEBSOCKETS, N_ATTEMPTS, N_FAILURES, type CounterSlot } from '../metrics/counters.js';
-import { pinFirst, placeClient, type Policy } from '../policies/types.js';
+import { pinFirst, placeClient, placesByTurn, type Policy } from '../policies/types.js';
 import { TICKET_PROTOCOL_PREFIX, type TicketBook } from '../affinity/tickets.js';
 import type { ClusterRuntime } from './cluster-runtime.js';
 import type { ExtraHeader } from './front.js';
@@ -366,7 +366,7 @@ export class WebSocketTunnels {
       if (checked !== null && 'node' in checked) {
         pin = runtime.indexOf(checked.node);
         region = checked.region ?? region;
-        if (route.policy.rotating === true) turn = checked.turn;
+        if (placesByTurn(route.policy, route.spec.keyHeader)) turn = checked.turn;
       }
     }
     const regionIndex = runtime.regionIndex(region);
