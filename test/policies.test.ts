@@ -7,7 +7,7 @@ import { describe, it } from 'node:test';
 import { BoltzmannPolicy } from '../src/policies/boltzmann.js';
 import { HybridPolicy } from '../src/policies/hybrid.js';
 import { RoundRobinPolicy } from '../src/policies/round-robin.js';
-import type { ClusterView, Policy } from '../src/policies/types.js';
+import { placeClient, type ClusterView, type Policy } from '../src/policies/types.js';
 import { DEFAULT_POLICY_SETTINGS } from '../src/server/supervisor.js';
 import { OP_READ, OP_UNSUPPORTED, OP_WRITE } from '../src/server/protocol.js';
 import { hasDotSegment } from '../src/contract.js';
@@ -298,5 +298,46 @@ describe('etcd operation classes', () => {
     assert.equal(k.classify('/a/b/c'), OP_READ);
     assert.equal(k.classify('/a/c'), OP_WRITE);
     assert.equal(k.classify('/z'), OP_READ);
+  });
+});
+
+describe('placing a ticket holder anew on boltzmann and hybrid (placeClient by turn)', () => {
+  /** The sibling a client of turn `turn` whose ticket names node 0 is placed on. */
+  function sibling(policy: Policy, turn: number, size: number): number {
+    const out = new Int32Array(size);
+    const count = policy.pick('', OP_READ, out);
+    placeClient(out, count, 0, turn, new Int32Array(size), -1, policy, new Int32Array(1));
+    // Its own node, where still routable, is tried first (pinFirst); the sibling is the first other.
+    return Array.from(out.subarray(0, count)).find((n) => n !== 0)!;
+  }
+
+  it('boltzmann: the same sibling whether the ticket\'s node is routable but failing or out, and a sibling leaving moves only its own clients', () => {
+    const p = new BoltzmannPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1, 1]));
+    // Node 0 (the ticket's, fast until it fails) and 1 read in 1 ms, 2 and 3 in about 5: near the
+    // 1% line, on one side of it with node 0 counted and on the other without.
+    for (const [node, ms] of [[0, 1], [1, 1], [2, 5], [3, 5.3]] as const) for (let i = 0; i < 10; i++) p.observe(node, ms, true);
+    const failing = Array.from({ length: 12 }, (_, t) => sibling(p, t, 4));
+    p.update(view([0, 1, 1, 1]));
+    const out = Array.from({ length: 12 }, (_, t) => sibling(p, t, 4));
+    assert.deepEqual(out, failing, 'its node failing or out: the same sibling for each turn');
+    // Node 2 slows past the line: only the clients it held move.
+    for (let i = 0; i < 10; i++) p.observe(2, 12, true);
+    const after = Array.from({ length: 12 }, (_, t) => sibling(p, t, 4));
+    assert.ok(!after.includes(2));
+    for (let t = 0; t < 12; t++) if (out[t] !== 2) assert.equal(after[t], out[t], `turn ${t} kept its sibling`);
+  });
+
+  it('hybrid: the same sibling whether the ticket\'s node is routable but failing or out, never a slow reader', () => {
+    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1, 1]));
+    for (let i = 0; i < 8; i++) p.observe(0, 100, false, OP_READ);
+    for (const [node, ms] of [[1, 1], [2, 1.5], [3, 3.5]] as const) for (let i = 0; i < 8; i++) p.observe(node, ms, true, OP_READ);
+    const failing = Array.from({ length: 12 }, (_, t) => sibling(p, t, 4));
+    p.update(view([0, 1, 1, 1]));
+    for (const [node, ms] of [[1, 1], [2, 1.5], [3, 3.5]] as const) for (let i = 0; i < 8; i++) p.observe(node, ms, true, OP_READ);
+    const out = Array.from({ length: 12 }, (_, t) => sibling(p, t, 4));
+    assert.deepEqual(out, failing);
+    assert.ok(!out.includes(3), `node 3 reads slowly (over twice the others' median): ${out.join(' ')}`);
   });
 });

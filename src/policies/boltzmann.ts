@@ -54,9 +54,14 @@ export class BoltzmannPolicy implements Policy {
     return this.total > 0 ? this.probability[node]! / this.total : 0;
   }
 
-  /** A client re-placed by its ticket goes to a member drawn at least 1% of the time, not one near zero. */
-  placeable(node: number): boolean {
-    return this.probability[node]! >= PLACEABLE_SHARE * this.total;
+  /**
+   * A client re-placed by its ticket goes to a member drawn at least 1% of the time, not one near
+   * zero; judged as if `own` (the ticket's node) were out already, so that its failing and leaving
+   * do not change the answer.
+   */
+  placeable(node: number, own: number): boolean {
+    const ownShare = own >= 0 && this.nodes.includes(own) ? this.probability[own]! : 0;
+    return this.probability[node]! >= PLACEABLE_SHARE * (this.total - ownShare);
   }
 
   pick(_key: string, _op: number, out: Int32Array): number {

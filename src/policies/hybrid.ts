@@ -34,6 +34,11 @@ export class HybridPolicy implements Policy {
   private scratch: Float64Array = new Float64Array(0);
   private nextRead = 0;
   private nextWrite = 0;
+  /** `placeable`'s limit, worked out for one ticket node at one judgement (`judge` counts them). */
+  private placeLimit = Infinity;
+  private placeLimitOwn = -2;
+  private placeLimitAt = -1;
+  private judgements = 0;
 
   constructor(private readonly settings: PolicySettings) {}
 
@@ -67,9 +72,38 @@ export class HybridPolicy implements Policy {
     return this.isEjected[node] === 1;
   }
 
-  /** A client re-placed by its ticket goes to a member of the read pool (not one ejected from it). */
-  placeable(node: number): boolean {
-    return this.isEjected[node] !== 1;
+  /**
+   * A client re-placed by its ticket goes to a member whose reads are not slow: under the limit
+   * the read pool is judged by (rho x the median EWMA), the median taken without `own` (the
+   * ticket's node: its failing reads must not move the line as it fails and then leaves).
+   */
+  placeable(node: number, own: number): boolean {
+    if (own !== this.placeLimitOwn || this.placeLimitAt !== this.judgements) {
+      this.placeLimit = this.limit(own);
+      this.placeLimitOwn = own;
+      this.placeLimitAt = this.judgements;
+    }
+    return this.readSamples[node]! < MIN_SAMPLES || !(this.readEwmaMs[node]! > this.placeLimit);
+  }
+
+  /** rho x the median read EWMA of the routable members judged so far, but `skip` (Infinity below two). */
+  private limit(skip: number): number {
+    // Median of the measured EWMAs, by insertion sort into a scratch array: no allocation.
+    const sorted = this.scratch;
+    let m = 0;
+    for (const node of this.nodes) {
+      if (node === skip || this.readSamples[node]! < MIN_SAMPLES) continue;
+      const e = this.readEwmaMs[node]!;
+      let j = m++;
+      while (j > 0 && sorted[j - 1]! > e) {
+        sorted[j] = sorted[j - 1]!;
+        j--;
+      }
+      sorted[j] = e;
+    }
+    if (m < 2) return Infinity;
+    const mid = m >> 1;
+    return this.settings.rho * (m % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2);
   }
 
   pick(_key: string, op: number, out: Int32Array): number {
@@ -117,25 +151,8 @@ export class HybridPolicy implements Policy {
 
   /** Recomputes the read pool: out goes every member above rho times the median EWMA. */
   private judge(): void {
-    // Median of the measured EWMAs, by insertion sort into a scratch array: no allocation.
-    const sorted = this.scratch;
-    let m = 0;
-    for (const node of this.nodes) {
-      if (this.readSamples[node]! < MIN_SAMPLES) continue;
-      const e = this.readEwmaMs[node]!;
-      let j = m++;
-      while (j > 0 && sorted[j - 1]! > e) {
-        sorted[j] = sorted[j - 1]!;
-        j--;
-      }
-      sorted[j] = e;
-    }
-    let limit = Infinity;
-    if (m >= 2) {
-      const mid = m >> 1;
-      const median = m % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
-      limit = this.settings.rho * median;
-    }
+    this.judgements++;
+    const limit = this.limit(-1);
     let changed = false;
     for (const node of this.nodes) {
       const ewma = this.readEwmaMs[node]!;

@@ -35,12 +35,13 @@ export interface Policy {
    */
   readonly rotating?: boolean;
   /**
-   * Whether a client re-placed by its ticket's turn may land on `node` (see `placeClient`): a
-   * keyless policy that avoids some members (hybrid's read pool, boltzmann's near-zero members)
-   * says so, and the turn is taken over the others. Defined, it also makes the policy place
-   * ticket holders by turn (`placesByTurn`).
+   * Whether a client re-placed by its ticket's turn may land on `node` (see `placeClient`), judged
+   * without `own` (the ticket's node: the answer must not change as it fails and leaves): a
+   * keyless policy that avoids some members (hybrid's slow readers, boltzmann's near-zero
+   * members) says so, and the client's sibling is chosen among the others. Defined, it also
+   * makes the policy place ticket holders by turn (`placesByTurn`).
    */
-  placeable?(node: number): boolean;
+  placeable?(node: number, own: number): boolean;
   /** A write to the published leader could not connect: stop pinning writes to it until the next update. */
   leaderUnreachable?(node: number): void;
 }
@@ -138,11 +139,11 @@ function inTurn(candidates: Int32Array, count: number, turn: number): void {
  * Moves the candidates[0 .. count) the policy would place on ahead of the others (each group
  * keeping its order); returns how many.
  */
-function placeableFirst(candidates: Int32Array, count: number, policy: Policy): number {
+function placeableFirst(candidates: Int32Array, count: number, policy: Policy, own: number): number {
   let front = 0;
   for (let i = 0; i < count; i++) {
     const node = candidates[i]!;
-    if (!policy.placeable!(node)) continue;
+    if (!policy.placeable!(node, own)) continue;
     if (i !== front) {
       candidates.copyWithin(front + 1, front, i);
       candidates[front] = node;
@@ -152,14 +153,33 @@ function placeableFirst(candidates: Int32Array, count: number, policy: Policy): 
   return front;
 }
 
+/** A client's turn and a node, mixed (murmur3's finalizer): each node's score for that client. */
+function turnScore(turn: number, node: number): number {
+  let h = Math.imul(turn ^ Math.imul(node + 1, 0x9e3779b1), 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  return (h ^ (h >>> 16)) >>> 0;
+}
+
+/** Orders candidates[0 .. count) by their score for `turn`, highest first (rendezvous). */
+function byTurnScore(candidates: Int32Array, count: number, turn: number): void {
+  for (let i = 1; i < count; i++) {
+    const node = candidates[i]!;
+    const score = turnScore(turn, node);
+    let j = i;
+    for (; j > 0 && turnScore(turn, candidates[j - 1]!) < score; j--) candidates[j] = candidates[j - 1]!;
+    candidates[j] = node;
+  }
+}
+
 /**
  * Whether a ticket's client placed anew (its node gone or failing) takes its own turn among the
  * siblings, so that its requests and sockets land on one of them (seed 004: both legs on the
- * same node): on a rotating policy, and on a keyless route whose policy says which members it
- * places on (hybrid, boltzmann: the turn is taken over those). A keyed route places by its key.
+ * same node): on a rotating policy, and on one that says which members it places on (hybrid,
+ * boltzmann: the sibling is chosen among those). Neither uses a key; a keyed policy places by it.
  */
-export function placesByTurn(policy: Policy, keyHeader: string | null): boolean {
-  return policy.rotating === true || (keyHeader === null && policy.placeable !== undefined);
+export function placesByTurn(policy: Policy): boolean {
+  return policy.rotating === true || policy.placeable !== undefined;
 }
 
 /**
@@ -189,16 +209,19 @@ function setAside(candidates: Int32Array, count: number, node: number): number {
  */
 export function placeClient(candidates: Int32Array, count: number, own: number, turn: number, regionOf: Int32Array, region: number, policy: Policy, turns: Int32Array): void {
   let ordered = count;
+  const byScore = policy.placeable !== undefined;
   if (turn >= 0) {
     ordered = setAside(candidates, count, own);
-    // Only over the members the policy would place on, when it avoids some (and keeps any).
-    if (policy.placeable !== undefined) {
-      const fit = placeableFirst(candidates, ordered, policy);
+    if (byScore) {
+      // Only among the members the policy would place on (all, if none), highest score for the
+      // client's turn first: a sibling dropping out or coming in moves only its own clients.
+      const fit = placeableFirst(candidates, ordered, policy, own);
       if (fit > 0) ordered = fit;
-    }
-    inTurn(candidates, ordered, turn);
+      byTurnScore(candidates, ordered, turn);
+    } else inTurn(candidates, ordered, turn);
   }
-  if (region >= 0) preferRegion(candidates, ordered, regionOf, region, turn >= 0 ? turn : regionTurn(policy, turns, region));
+  // By score, the region's members keep their order (a rotation would undo it).
+  if (region >= 0) preferRegion(candidates, ordered, regionOf, region, byScore ? -1 : turn >= 0 ? turn : regionTurn(policy, turns, region));
 }
 
 /**

@@ -1212,7 +1212,7 @@ export class WorkerFront implements TunnelHost {
           pinned = route.runtime.indexOf(checked.node);
           renew = tickets.wearing(checked.expiresAt);
           region = checked.region ?? region;
-          if (placesByTurn(route.policy, route.spec.keyHeader)) turn = checked.turn;
+          if (placesByTurn(route.policy)) turn = checked.turn;
         }
       }
     }

@@ -366,7 +366,7 @@ export class WebSocketTunnels {
       if (checked !== null && 'node' in checked) {
         pin = runtime.indexOf(checked.node);
         region = checked.region ?? region;
-        if (placesByTurn(route.policy, route.spec.keyHeader)) turn = checked.turn;
+        if (placesByTurn(route.policy)) turn = checked.turn;
       }
     }
     const regionIndex = runtime.regionIndex(region);
