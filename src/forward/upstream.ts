@@ -115,14 +115,19 @@ const CANCELLED = new H1Error(H1Codes.CANCELLED, 'attempt cancelled');
  */
 export const CUT_OFF = new H1Error('LF_ERR_ATTEMPT_CUT_OFF', 'a hedge loser cut off unanswered');
 
+/** Whether another attempt of the exchange won: a cancelled one is then a hedge loser. */
+function lostRace(exchange: AttemptSink): boolean {
+  return exchange.winner !== undefined && exchange.winner >= 0;
+}
+
 /** CUT_OFF for a written hedge loser, else CANCELLED. */
 function cancelledAs(exchange: AttemptSink): H1Error {
-  return exchange.winner !== undefined && exchange.winner >= 0 ? CUT_OFF : CANCELLED;
+  return lostRace(exchange) ? CUT_OFF : CANCELLED;
 }
 
 /** How long a cancelled attempt may finish: a hedge loser's grace, or (its client gone) the plain one. */
 function graceOf(transport: NodeTransport, exchange: AttemptSink): number {
-  return exchange.winner !== undefined && exchange.winner >= 0 ? transport.loserGraceMs : transport.cancelGraceMs;
+  return lostRace(exchange) ? transport.loserGraceMs : transport.cancelGraceMs;
 }
 
 /**

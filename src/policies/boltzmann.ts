@@ -60,7 +60,8 @@ export class BoltzmannPolicy implements Policy {
    * do not change the answer.
    */
   placeable(node: number, own: number): boolean {
-    const ownShare = own >= 0 && this.nodes.includes(own) ? this.probability[own]! : 0;
+    // A member out of the routable set has probability 0 (see `recompute`).
+    const ownShare = own >= 0 ? this.probability[own]! : 0;
     return this.probability[node]! >= PLACEABLE_SHARE * (this.total - ownShare);
   }
 
@@ -108,6 +109,8 @@ export class BoltzmannPolicy implements Policy {
       if (!Number.isNaN(e) && e < best) best = e;
     }
     if (best === Infinity) best = 0;
+    // Members no longer routable are never drawn: 0, not the probability they last had.
+    this.probability.fill(0);
     let total = 0;
     for (const node of this.nodes) {
       const e = this.ewmaMs[node]!;

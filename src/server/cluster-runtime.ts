@@ -163,8 +163,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   /** Shared by every route on this cluster, in this worker. */
   readonly hedgeBudget: HedgeBudget;
   private readonly transports: NodeTransport[];
-  /** A cancelled attempt's grace, and a warming node's (the request timeout): see `update`. */
-  private readonly cancelGraceMs: number;
+  /** A warming node's hedge losers' grace: see `update`. */
   private readonly requestTimeoutMs: number;
   private readonly policies = new Map<PolicyName, Policy>();
   /** The policies that learn from attempt outcomes (`observe`), as an array for the hot path. */
@@ -214,7 +213,6 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       ...(settings.maxResponseBytes !== undefined ? { maxResponseBytes: settings.maxResponseBytes } : {}),
     };
     this.transports = spec.nodes.map((g) => createTransport(settings.upstreamClient, nodes[g]!.url, transportOptions, this, agent));
-    this.cancelGraceMs = settings.cancelGraceMs;
     this.requestTimeoutMs = settings.requestTimeoutMs;
     this.windows = spec.nodes.map(() => new SampleWindow());
     this.lastUnreachableAt = new Float64Array(spec.nodes.length);
@@ -288,7 +286,8 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       // being cut after the grace (an attempt whose client left is cut as ever). Seed 000: hedging absorbs a cold
       // cache after a restart; cutting its slow reads would count them against it (ejection) and
       // may stop the rebuilds that warm it. A node that hangs is still found, by its timeouts.
-      this.transports[i]!.loserGraceMs = (row.flags & FLAG_WARMING) !== 0 ? this.requestTimeoutMs : this.cancelGraceMs;
+      const transport = this.transports[i]!;
+      transport.loserGraceMs = (row.flags & FLAG_WARMING) !== 0 ? this.requestTimeoutMs : transport.cancelGraceMs;
       if (routable && (row.flags & FLAG_LEADER) !== 0) leader = i;
     }
     this.view.leader = leader;
