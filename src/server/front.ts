@@ -55,8 +55,7 @@ const LINGER_BYTES = 16 * 1024 * 1024;
  * `sendBody`); a smaller one is ended in one call, whatever the client does with it. Not below
  * the upstream read buffer's size (h1.ts), so a body held on is never a view into that buffer.
  */
-export const STREAM_BODY_BYTES = 64 * 1024;
-
+const STREAM_BODY_BYTES = 64 * 1024;
 
 const JSON_TYPE = 'application/json';
 
@@ -341,7 +340,11 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     this.res.cork(writeCorked);
     corked = null;
     // A large body the client has not taken yet: finished (and logged) when it has, or goes away.
-    if (this.unsent !== null) return;
+    if (this.unsent === null) this.sent();
+  }
+
+  /** The client has the whole answer: its line, and the request is done. */
+  private sent(): void {
     if (this.arrival !== null) this.logAnswer();
     this.finish();
   }
@@ -379,8 +382,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
       return ok;
     }
     this.unsent = null;
-    if (this.arrival !== null) this.logAnswer();
-    this.finish();
+    this.sent();
     return ok;
   }
 
