@@ -4,7 +4,8 @@
 # Each DIST is a compiled tree (a `dist/`) inside the repository, so it resolves node_modules.
 # FLAGS, after `::`, are extra flags for that build, written without spaces (`--flag=value`,
 # several separated by commas): e.g. `dist dist::--access-log=/tmp/access.log` compares the same
-# build with and without an access log.
+# build with and without an access log. `floor:DIST` runs DIST's bench/floor-proxy.js (the least a
+# uWS + Node proxy does) instead of Lakefront, for what Lakefront's own work costs.
 # Every build is started once over the bench upstream and warmed for 2 s with wrk; then RUNS
 # rounds, each running every build in turn for 4 s (wrk, one thread, 64 connections), reading
 # its process's user and system CPU from /proc. Prints the medians (and the per-run totals) in
@@ -27,8 +28,16 @@ for d in "$@"; do
   LOGS[$d]=$(mktemp)
   dir=$d; extra=()
   if [[ $d == *::* ]]; then dir=${d%%::*}; IFS=, read -ra extra <<< "${d#*::}"; fi
-  node "$dir/src/cli.js" "${extra[@]}" --nodes "$NODES" --port 0 --threads "$TH" --host 127.0.0.1 --health-interval-ms 1000 > "${LOGS[$d]}" 2>&1 & PIDS[$d]=$!
-  for _ in $(seq 40); do URLS[$d]=$(grep -o 'http://127.0.0.1:[0-9]*' "${LOGS[$d]}" | head -1 || true); [ -n "${URLS[$d]}" ] && break; sleep 0.25; done
+  if [[ $dir == floor:* ]]; then
+    node "${dir#floor:}/bench/floor-proxy.js" --nodes "$NODES" --port 0 --threads "$TH" > "${LOGS[$d]}" 2>&1 & PIDS[$d]=$!
+  else
+    node "$dir/src/cli.js" "${extra[@]}" --nodes "$NODES" --port 0 --threads "$TH" --host 127.0.0.1 --health-interval-ms 1000 > "${LOGS[$d]}" 2>&1 & PIDS[$d]=$!
+  fi
+  for _ in $(seq 40); do
+    URLS[$d]=$(grep -o 'http://127.0.0.1:[0-9]*' "${LOGS[$d]}" | head -1 || true)
+    [ -z "${URLS[$d]}" ] && URLS[$d]=$(grep -o '"port":[0-9]*' "${LOGS[$d]}" | head -1 | sed 's|"port":|http://127.0.0.1:|' || true)
+    [ -n "${URLS[$d]}" ] && break; sleep 0.25
+  done
   wrk -t1 -c64 -d2s -s "$LUA" "${URLS[$d]}" > /dev/null
 done
 HZ=$(getconf CLK_TCK)

@@ -8,6 +8,9 @@
 # switched on for N requests. Needs valgrind (apt-get install valgrind).
 # Workloads kvput and kvget run on a replicated route instead (n = 3, w = r = 2, strict) over
 # nodes that answer with `x-lakefront-version: 1`: e.g. bench/ir.sh dist kvput 10000 10000.
+# IR_FRONT=floor counts bench/floor-proxy.js (the least a uWS + Node proxy does) instead of Lakefront.
+# IR_CACHE=1 also simulates the caches and branch predictors (slower) and prints the worker's misses
+# a request: instruction and data L1 misses are where Lakefront and the floor differ (RESULTS.md).
 set -euo pipefail
 DIST=$1; WL=$2; WARM=$3; N=$4
 cd "$(dirname "$0")/.."
@@ -23,10 +26,17 @@ if [[ $WL == kv* ]]; then
   node -e "const fs=require('fs');const p=JSON.parse(fs.readFileSync('$D/up.json','utf8')).ports;fs.writeFileSync('$D/lf.json',JSON.stringify({clusters:[{name:'s',nodes:p.map((x,i)=>({id:'node-'+i,url:'http://127.0.0.1:'+x}))}],routes:[{path:'/kv/*',cluster:'s',quorum:{n:3,w:2,r:2,sloppy:false}}]}))"
   FRONT=(--config "$D/lf.json")
 fi
-valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes --smc-check=all-non-file --callgrind-out-file="$D/cg.%p" \
-  node "$DIST/src/cli.js" "${FRONT[@]}" --port 0 --threads 1 --host 127.0.0.1 --health-interval-ms 600000 ${LF_ARGS:-} > "$D/lf.log" 2> "$D/vg.log" & VPID=$!
+CMD=("$DIST/src/cli.js" "${FRONT[@]}" --port 0 --threads 1 --host 127.0.0.1 --health-interval-ms 600000 ${LF_ARGS:-})
+[[ ${IR_FRONT:-} == floor ]] && CMD=("$DIST/bench/floor-proxy.js" --port 0 --threads 1 --nodes "$NODES")
+SIM=(); [[ ${IR_CACHE:-} == 1 ]] && SIM=(--cache-sim=yes --branch-sim=yes)
+valgrind --tool=callgrind "${SIM[@]}" --instr-atstart=no --separate-threads=yes --smc-check=all-non-file --callgrind-out-file="$D/cg.%p" \
+  node "${CMD[@]}" > "$D/lf.log" 2> "$D/vg.log" & VPID=$!
 URL=
-for _ in $(seq 120); do URL=$(grep -o 'http://127.0.0.1:[0-9]*' "$D/lf.log" | head -1 || true); [ -n "$URL" ] && break; sleep 0.5; done
+for _ in $(seq 120); do
+  URL=$(grep -o 'http://127.0.0.1:[0-9]*' "$D/lf.log" | head -1 || true)
+  [ -z "$URL" ] && URL=$(grep -o '"port":[0-9]*' "$D/lf.log" | head -1 | sed 's|"port":|http://127.0.0.1:|' || true)
+  [ -n "$URL" ] && break; sleep 0.5
+done
 node dist/bench/count.js "$URL" "$WARM" "$WL" > /dev/null
 callgrind_control -i on "$VPID" > /dev/null 2>&1
 node dist/bench/count.js "$URL" "$N" "$WL" > "$D/res.json"
@@ -38,3 +48,7 @@ sleep 1
 IR=$(grep -h "^summary:" "$D"/cg.*.1-* | awk '{s+=$2} END {print s}')
 WORKER=$(grep -h "^summary:" "$D"/cg.*.1-* | awk '$2>m {m=$2} END {print m}')
 echo "$DIST $WL: $(( WORKER / N )) instructions a request on the worker thread ($(( IR / N )) on all threads) over $N requests; $(cat "$D/res.json")"
+if [[ ${IR_CACHE:-} == 1 ]]; then
+  EVENTS=$(grep -h "^events:" "$D"/cg.*.1-* | head -1 | cut -d' ' -f2-)
+  grep -h "^summary:" "$D"/cg.*.1-* | sort -k2 -n | tail -1 | awk -v n="$N" -v ev="$EVENTS" '{ split(ev, e, " "); printf "worker thread, a request:"; for (i = 2; i <= NF; i++) printf " %s %.0f", e[i-1], $i / n; print "" }'
+fi

@@ -4,6 +4,7 @@
  *
  *   node dist/bench/suite.js [--quick] [--repeats 3] [--seconds 5] [--prewarm 2]
  *       [--contenders direct,lakefront-1t,lakefront-2t,node-proxy,nginx-1w,nginx-2w,haproxy-1t,haproxy-2t]
+ *       (also floor-1t, floor-2t: the least a uWS + Node proxy does, bench/floor-proxy.ts; not in the default set)
  *       [--workloads post256,get1k,get16k,mix8020] [--connections 64,1024] [--no-write]
  *       [--generator autocannon|wrk] [--section NAME]
  *
@@ -16,7 +17,7 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { direct, startHaproxy, startLakefront, startNginx, startNodeProxy, startUpstream, type Contender, type Upstream } from './lib/contenders.js';
+import { direct, startHaproxy, startLakefront, startFloorProxy, startNginx, startNodeProxy, startUpstream, type Contender, type Upstream } from './lib/contenders.js';
 import { WORKLOADS, hasWrk, runLoad, runWrk, warmUp, type LoadResult } from './lib/load.js';
 import { ROOT, pause, totalCpuSeconds } from './lib/procs.js';
 import { fmt, machine, median, spread, svgChart, table, updateSection, writeResult, type ChartGroup } from './lib/report.js';
@@ -59,10 +60,11 @@ for (const name of workloadNames) if (!WORKLOADS[name]) throw new Error(`unknown
 async function startContender(name: string, upstream: Upstream): Promise<Contender | string> {
   if (name === 'direct') return direct(upstream);
   if (name === 'node-proxy') return startNodeProxy(upstream);
-  const m = name.match(/^(lakefront|nginx|haproxy)-(\d+)[tw]$/);
+  const m = name.match(/^(lakefront|floor|nginx|haproxy)-(\d+)[tw]$/);
   if (!m) throw new Error(`unknown contender ${name}`);
   const n = Number(m[2]);
   if (m[1] === 'lakefront') return startLakefront(upstream, { threads: n });
+  if (m[1] === 'floor') return startFloorProxy(upstream, n);
   if (m[1] === 'nginx') return startNginx(upstream, n);
   return startHaproxy(upstream, n);
 }

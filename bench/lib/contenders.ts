@@ -98,6 +98,13 @@ export async function startNodeProxy(upstream: Upstream): Promise<Contender> {
   return { name: 'node-proxy', url: `http://127.0.0.1:${ready.port as number}`, proc };
 }
 
+/** The floor of Lakefront's design (bench/floor-proxy.ts) at `threads` worker threads. */
+export async function startFloorProxy(upstream: Upstream, threads: number): Promise<Contender> {
+  const name = `floor-${threads}t`;
+  const { proc, ready } = await spawnReady(name, process.execPath, [join(DIST, 'floor-proxy.js'), '--port', '0', '--threads', String(threads), '--nodes', nodeList(upstream)]);
+  return { name, url: `http://127.0.0.1:${ready.port as number}`, proc };
+}
+
 function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer();
