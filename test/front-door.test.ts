@@ -1710,6 +1710,36 @@ describe('front door: start-up', () => {
     }
   });
 
+  it('refuses TRACE (405, with allow) and a path with an encoded NUL (400), as nginx does, without asking a node', async () => {
+    const nodes = await startNodes('trace-a');
+    const door = await FrontDoor.start(doorConfig(nodes, {}, { routes: [{ pattern: '/public/*', cluster: 'default', policy: 'round_robin', keyHeader: null }, RPC_ROUTE] }));
+    try {
+      for (const path of ['/public/x', '/rpc/board.get']) {
+        const raw = await rawExchange(door.url, `TRACE ${path} HTTP/1.1\r\nhost: x\r\nx-lakefront-board: t\r\n\r\n`, { done: (text) => text.endsWith('}') });
+        assert.match(raw, /^HTTP\/1\.1 405 /, path);
+        assert.match(raw, /\r\nallow: GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH\r\n/i, path);
+        assert.match(raw, /TRACE is not forwarded/, path);
+        assert.match(raw, /LF_ERR_METHOD_NOT_ALLOWED/, path);
+      }
+      for (const path of ['/public/admin%00.txt', '/public/%00', '/rpc/board.get%000']) {
+        const raw = await rawExchange(door.url, `GET ${path} HTTP/1.1\r\nhost: x\r\nx-lakefront-board: t\r\n\r\n`, { done: (text) => text.endsWith('}') });
+        assert.match(raw, /^HTTP\/1\.1 400 /, path);
+        assert.match(raw, /encoded NUL/, path);
+        assert.match(raw, /LF_ERR_BAD_REQUEST/, path);
+      }
+      assert.equal(nodes[0]!.hits(), 0, 'neither reached the node');
+      // An encoded percent sign followed by zeros is not a NUL; other methods pass.
+      for (const request of ['GET /public/%2500 HTTP/1.1', 'OPTIONS /public/x HTTP/1.1', 'GET /public/a?q=%00 HTTP/1.1']) {
+        const raw = await rawExchange(door.url, `${request}\r\nhost: x\r\nconnection: close\r\n\r\n`);
+        assert.match(raw, /^HTTP\/1\.1 200 /, request);
+      }
+      assert.equal(nodes[0]!.hits(), 3);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
   it("refuses another route's path spelled otherwise (//admin/x, /%61dmin/x under a catch-all), and passes a respelling within its own route", async () => {
     const [adminNode, allNode] = await startNodes('adm', 'all');
     const door = await FrontDoor.start({

@@ -167,6 +167,8 @@ function replicatedOp(method: string): number {
 const REPLICATED_METHODS = 'GET, HEAD, PUT, DELETE';
 /** What the front door's own endpoints (`/health`, `/route`, `/stats`) answer. */
 const OWN_METHODS = 'GET, HEAD';
+/** What a proxied route's 405 for TRACE names as allowed: the methods of RFC 9110 but TRACE and CONNECT (any other is forwarded too). */
+const FORWARDED_METHODS = 'GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH';
 
 /** One proxied request: its client response, what to send upstream, and the exchange. */
 class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
@@ -1136,12 +1138,24 @@ export class WorkerFront implements TunnelHost {
         return;
       }
     }
+    // TRACE echoes the request back: through a proxy, the client would read the headers the front
+    // door adds (x-forwarded-for...) and whatever else the node is sent (nginx answers 405 too).
+    if (method === 'TRACE') {
+      this.refuse(res, 405, errorBody('TRACE is not forwarded', ErrorCodes.METHOD_NOT_ALLOWED), this.draining, ['allow', FORWARDED_METHODS]);
+      return;
+    }
     // A dot segment (`/a/../b`, `%2e`, between `%2F`s...): a node that resolves it serves another
     // path than the one routed here. On any route: `/public/../admin` matched `/public/*` would
     // reach a path no route sends to that cluster; a replicated key would have two spellings;
     // a write under a read prefix of the operation rules could be hedged.
     if (hasDotSegment(url)) {
       this.refuse(res, 400, errorBody('a path with a dot segment (. or ..) is not forwarded: a node that resolves it would serve another path than the one routed', ErrorCodes.BAD_REQUEST), this.draining, null, head);
+      return;
+    }
+    // An encoded NUL: a node written in C (or handing the path to one) ends the path there, and
+    // serves another than the one routed (nginx refuses it so too: 400).
+    if (url.indexOf('%00') >= 0) {
+      this.refuse(res, 400, errorBody('a path with an encoded NUL (%00) is not forwarded: a node may end the path there', ErrorCodes.BAD_REQUEST), this.draining, null, head);
       return;
     }
     // Another route's path spelled otherwise (`//admin/x`, `/%61dmin/x` under a catch-all).
