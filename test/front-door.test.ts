@@ -1710,15 +1710,16 @@ describe('front door: start-up', () => {
     }
   });
 
-  it('refuses TRACE (405, with allow) and a path with an encoded NUL (400), as nginx does, without asking a node', async () => {
+  it('refuses TRACE and CONNECT (405, with allow) and a path with an encoded NUL (400), as nginx does, without asking a node', async () => {
     const nodes = await startNodes('trace-a');
     const door = await FrontDoor.start(doorConfig(nodes, {}, { routes: [{ pattern: '/public/*', cluster: 'default', policy: 'round_robin', keyHeader: null }, RPC_ROUTE] }));
     try {
-      for (const path of ['/public/x', '/rpc/board.get']) {
-        const raw = await rawExchange(door.url, `TRACE ${path} HTTP/1.1\r\nhost: x\r\nx-lakefront-board: t\r\n\r\n`, { done: (text) => text.endsWith('}') });
-        assert.match(raw, /^HTTP\/1\.1 405 /, path);
+      // On the keyed route, without its key too: the method is refused first.
+      for (const [method, path, board] of [['TRACE', '/public/x', ''], ['TRACE', '/rpc/board.get', 'x-lakefront-board: t\r\n'], ['TRACE', '/rpc/board.get', ''], ['CONNECT', '/public/x', ''], ['CONNECT', '/rpc/x', 'x-lakefront-board: t\r\n']] as const) {
+        const raw = await rawExchange(door.url, `${method} ${path} HTTP/1.1\r\nhost: x\r\n${board}\r\n`, { done: (text) => text.endsWith('}') });
+        assert.match(raw, /^HTTP\/1\.1 405 /, `${method} ${path}`);
         assert.match(raw, /\r\nallow: GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH\r\n/i, path);
-        assert.match(raw, /TRACE is not forwarded/, path);
+        assert.match(raw, new RegExp(`${method} is not forwarded`), path);
         assert.match(raw, /LF_ERR_METHOD_NOT_ALLOWED/, path);
       }
       for (const path of ['/public/admin%00.txt', '/public/%00', '/rpc/board.get%000']) {
@@ -1737,6 +1738,20 @@ describe('front door: start-up', () => {
     } finally {
       await door.stop();
       await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
+  it("relays a node's header lines but uWS's mark, which the front door's uWS writes itself (no second uWebSockets line)", async () => {
+    const node = await startRawNode('marked', (socket) => socket.write('HTTP/1.1 200 OK\r\nuWebSockets: 20\r\nx-node-own: kept\r\ncontent-length: 2\r\n\r\nok'));
+    const door = await FrontDoor.start(doorConfig([node], { hedgeMode: 'off' }));
+    try {
+      const raw = await rawExchange(door.url, 'GET /rpc/board.get HTTP/1.1\r\nhost: x\r\nx-lakefront-board: m\r\nconnection: close\r\n\r\n');
+      assert.match(raw, /^HTTP\/1\.1 200 /);
+      assert.match(raw, /\r\nx-node-own: kept\r\n/);
+      assert.equal(raw.match(/\r\nuwebsockets:/gi)?.length, 1, raw);
+    } finally {
+      await door.stop();
+      await node.stop();
     }
   });
 

@@ -897,6 +897,10 @@ describe('replicated route through the front door', () => {
     assert.equal(post.status, 405);
     assert.equal(post.headers['allow'], 'GET, HEAD, PUT, DELETE');
     assert.equal(post.json<{ code: string }>().code, 'LF_ERR_METHOD_NOT_ALLOWED');
+    // TRACE too, with this route's own list.
+    const trace = await rawExchange(door.url, `TRACE ${KEY} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n`);
+    assert.match(trace, /^HTTP\/1\.1 405 /);
+    assert.match(trace, /\r\nallow: GET, HEAD, PUT, DELETE\r\n/i);
     // Raw bytes: a WHATWG URL would resolve the dot segments before sending.
     const dots = await rawExchange(door.url, 'PUT /kv/x/%2e%2e/apple HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\nconnection: close\r\n\r\nx');
     assert.match(dots, /^HTTP\/1\.1 400 /);
@@ -905,7 +909,7 @@ describe('replicated route through the front door', () => {
     const [, refusal] = (await once(ws, 'unexpected-response')) as [unknown, { statusCode: number }];
     assert.equal(refusal.statusCode, 501, 'no WebSocket tunnel to one replica');
     ws.terminate();
-    assert.ok(nodes.every((n) => n.received.every((r) => r.method !== 'POST' && !r.path.includes('%2e'))), 'nothing was sent');
+    assert.ok(nodes.every((n) => n.received.every((r) => r.method !== 'POST' && r.method !== 'TRACE' && !r.path.includes('%2e'))), 'nothing was sent');
   });
 
   it('reads answer the newest version, and repair the replicas that had an older one', async () => {

@@ -498,6 +498,14 @@ describe('WebSocket tunnels', () => {
       assert.match(dotted, /^HTTP\/1\.1 400 /, path);
       assert.match(dotted, /dot segment/);
     }
+    // Nor a path with an encoded NUL, where a node may end it.
+    const nul = await rawExchange(
+      door.url,
+      'GET /rpc/a%00b HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\nx-lakefront-board: b\r\n\r\n',
+      { done: (text) => text.endsWith('}') },
+    );
+    assert.match(nul, /^HTTP\/1\.1 400 /);
+    assert.match(nul, /encoded NUL/);
     assert.deepEqual(nodes.map((n) => n.handshakes.length), counts, 'no node saw them');
   });
 

@@ -167,7 +167,7 @@ function replicatedOp(method: string): number {
 const REPLICATED_METHODS = 'GET, HEAD, PUT, DELETE';
 /** What the front door's own endpoints (`/health`, `/route`, `/stats`) answer. */
 const OWN_METHODS = 'GET, HEAD';
-/** What a proxied route's 405 for TRACE names as allowed: the methods of RFC 9110 but TRACE and CONNECT (any other is forwarded too). */
+/** What a proxied route's 405 for TRACE or CONNECT names as allowed: RFC 9110's methods but those two (another uWS parses is forwarded too). */
 const FORWARDED_METHODS = 'GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH';
 
 /** One proxied request: its client response, what to send upstream, and the exchange. */
@@ -1125,6 +1125,14 @@ export class WorkerFront implements TunnelHost {
       this.refuse(res, 400, errorBody('a Host that is not host[:port] is not forwarded (x-forwarded-host)', ErrorCodes.BAD_REQUEST), this.draining, null, head);
       return;
     }
+    // TRACE echoes the request back: through a proxy, the client would read the headers the front
+    // door adds (x-forwarded-for...) and whatever else the node is sent. CONNECT asks the node for
+    // a tunnel: Node's http server drops the connection (a failed attempt: any client could get a
+    // healthy node ejected with a few), another may open one. nginx answers both with 405.
+    if (method === 'TRACE' || method === 'CONNECT') {
+      this.refuse(res, 405, errorBody(`${method} is not forwarded`, ErrorCodes.METHOD_NOT_ALLOWED), this.draining, ['allow', route.replicas !== null ? REPLICATED_METHODS : FORWARDED_METHODS], head);
+      return;
+    }
     const headers = scan.headers;
     let key = '';
     if (keyHeader !== null) {
@@ -1137,12 +1145,6 @@ export class WorkerFront implements TunnelHost {
         this.refuse(res, 400, errorBody(`${keyHeader} longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining, null, head);
         return;
       }
-    }
-    // TRACE echoes the request back: through a proxy, the client would read the headers the front
-    // door adds (x-forwarded-for...) and whatever else the node is sent (nginx answers 405 too).
-    if (method === 'TRACE') {
-      this.refuse(res, 405, errorBody('TRACE is not forwarded', ErrorCodes.METHOD_NOT_ALLOWED), this.draining, ['allow', FORWARDED_METHODS]);
-      return;
     }
     // A dot segment (`/a/../b`, `%2e`, between `%2F`s...): a node that resolves it serves another
     // path than the one routed here. On any route: `/public/../admin` matched `/public/*` would

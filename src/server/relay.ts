@@ -28,7 +28,8 @@ export function statusBytes(status: number): Buffer {
 
 /**
  * Response headers the front door does not relay: hop-by-hop ones, those uWS writes itself
- * (`date`, `content-length`), which would otherwise be duplicated, and its own.
+ * (`date`, `content-length`, and its mark `uWebSockets: 20`: a node on uWS sends one too), which
+ * would otherwise be duplicated, and its own.
  */
 export function isDroppedResponseHeader(buf: Uint8Array, start: number, end: number): boolean {
   switch (end - start) {
@@ -40,6 +41,8 @@ export function isDroppedResponseHeader(buf: Uint8Array, start: number, end: num
       return nameIs(buf, start, end, 'upgrade') || nameIs(buf, start, end, 'trailer');
     case 10:
       return nameIs(buf, start, end, 'connection') || nameIs(buf, start, end, 'keep-alive');
+    case 11:
+      return nameIs(buf, start, end, 'uwebsockets');
     case 14:
       return nameIs(buf, start, end, 'content-length');
     case 16:

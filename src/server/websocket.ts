@@ -142,7 +142,7 @@ const SWITCHING_PROTOCOLS = '101 Switching Protocols';
 /**
  * Writes a node's handshake answer's header lines that are the client's: not hop-by-hop ones
  * (those the node's connection field names included), nor framing, its own served-by or ticket
- * header, nor a date (uWS writes its own), nor, on a 101 (`upgrade`), the handshake's (uWS writes
+ * header, nor a date or uWS's mark (uWS writes its own), nor, on a 101 (`upgrade`), the handshake's (uWS writes
  * the accept and the subprotocol itself).
  */
 function writeNodeHeaders(res: HttpResponse, fields: readonly (readonly [string, string])[], ticketHeader: string | null, upgrade: boolean): void {
@@ -150,7 +150,7 @@ function writeNodeHeaders(res: HttpResponse, fields: readonly (readonly [string,
   for (const [name, value] of fields) if (name === 'connection') connection = connection === '' ? value : `${connection}, ${value}`;
   const named = connectionNamed(connection);
   for (const [name, value] of fields) {
-    if (name === 'date' || name === 'content-length' || name === SERVED_BY_HEADER || name === ticketHeader || DROPPED_REQUEST_HEADERS.has(name) || named?.includes(name)) continue;
+    if (name === 'date' || name === 'content-length' || name === 'uwebsockets' || name === SERVED_BY_HEADER || name === ticketHeader || DROPPED_REQUEST_HEADERS.has(name) || named?.includes(name)) continue;
     if (upgrade && name.startsWith('sec-websocket-')) continue;
     // Read as latin1: written back as the same bytes (a string would go out as UTF-8).
     res.writeHeader(name, Buffer.from(value, 'latin1'));
@@ -336,6 +336,11 @@ export class WebSocketTunnels {
     // classified), as for plain requests on routes with operation rules.
     if (hasDotSegment(url)) {
       host.refuse(res, 400, errorBody('a WebSocket path with a dot segment (. or ..) is not routed', ErrorCodes.BAD_REQUEST), false);
+      return;
+    }
+    // As for a plain request (front.ts): a node may end the path at an encoded NUL.
+    if (url.indexOf('%00') >= 0) {
+      host.refuse(res, 400, errorBody('a WebSocket path with an encoded NUL (%00) is not routed', ErrorCodes.BAD_REQUEST), false);
       return;
     }
     const other = respelledRoute(this.respellings, route, url);
