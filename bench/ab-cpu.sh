@@ -29,6 +29,7 @@ for d in "$@"; do
   dir=$d; extra=()
   if [[ $d == *::* ]]; then dir=${d%%::*}; IFS=, read -ra extra <<< "${d#*::}"; fi
   if [[ $dir == floor:* ]]; then
+    [ ${#extra[@]} -eq 0 ] || { echo "$d: the floor takes no flags" >&2; exit 2; }
     node "${dir#floor:}/bench/floor-proxy.js" --nodes "$NODES" --port 0 --threads "$TH" > "${LOGS[$d]}" 2>&1 & PIDS[$d]=$!
   else
     node "$dir/src/cli.js" "${extra[@]}" --nodes "$NODES" --port 0 --threads "$TH" --host 127.0.0.1 --health-interval-ms 1000 > "${LOGS[$d]}" 2>&1 & PIDS[$d]=$!

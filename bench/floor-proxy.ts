@@ -6,7 +6,8 @@
  * its length, its header lines relayed in one `writeHeader`, the answer written corked. Nothing
  * else: no hedging, latency windows, counters, timeouts, checks of what comes in or back,
  * failover, access log or membership. Not a product (a node's bad answer, or a client that
- * pipelines, is not handled; a node that closes answers 502): a bench contender, to tell what Lakefront's own work costs from
+ * pipelines, is not handled; a node that closes answers 502; bodies up to 64 KiB each way, answers
+ * framed by a content-length): a bench contender, to tell what Lakefront's own work costs from
  * what any uWS + Node proxy pays for its sockets, calls and strings.
  *
  *   node dist/bench/floor-proxy.js --port 0 --threads 2 --nodes a=http://...,b=http://...
@@ -38,7 +39,9 @@ function serve({ nodes, port }: { nodes: Node[]; port: number }): void {
   const pools = nodes.map((n) => new Pool(n));
   let lines = '';
   let board = '';
+  let length = '';
   const scan = (name: string, value: string): void => {
+    if (name === 'content-length') length = value;
     if (HOP.has(name)) return;
     if (name === 'x-lakefront-board') board = value;
     lines += `${name}: ${value}\r\n`;
@@ -50,17 +53,18 @@ function serve({ nodes, port }: { nodes: Node[]; port: number }): void {
     const path = query ? `${req.getUrl()}?${query}` : req.getUrl();
     lines = '';
     board = '';
+    length = '';
     req.forEach(scan);
-    const length = Number(req.getHeader('content-length') || '0');
-    const exchange = new Exchange(res, `${method} ${path} HTTP/1.1\r\nhost: upstream\r\n${lines}content-length: ${length}\r\n\r\n`);
+    const exchange = new Exchange(res, `${method} ${path} HTTP/1.1\r\nhost: upstream\r\n${lines}content-length: ${length || '0'}\r\n\r\n`);
     ranker.rankInto(board, ranking);
     const pool = pools[ranking[0]!]!;
     res.onAborted(() => (exchange.aborted = true));
-    if (length === 0) pool.send(exchange, null);
+    if (length === '' || length === '0') pool.send(exchange, null);
     else {
+      // Copied once (uWS reuses the chunk's memory after the callback).
       let body: Buffer | null = null;
       res.onData((chunk, isLast) => {
-        const part = Buffer.from(chunk);
+        const part = new Uint8Array(chunk);
         body = body === null ? Buffer.from(part) : Buffer.concat([body, part]);
         if (isLast) pool.send(exchange, body);
       });

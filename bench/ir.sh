@@ -27,7 +27,13 @@ if [[ $WL == kv* ]]; then
   FRONT=(--config "$D/lf.json")
 fi
 CMD=("$DIST/src/cli.js" "${FRONT[@]}" --port 0 --threads 1 --host 127.0.0.1 --health-interval-ms 600000 ${LF_ARGS:-})
-[[ ${IR_FRONT:-} == floor ]] && CMD=("$DIST/bench/floor-proxy.js" --port 0 --threads 1 --nodes "$NODES")
+LABEL=$DIST
+if [[ -n ${IR_FRONT:-} ]]; then
+  [[ $IR_FRONT == floor ]] || { echo "IR_FRONT=$IR_FRONT: only floor is known" >&2; exit 2; }
+  [[ $WL == kv* || -n ${LF_ARGS:-} ]] && { echo "IR_FRONT=floor: a plain route only (no $WL, no LF_ARGS)" >&2; exit 2; }
+  CMD=("$DIST/bench/floor-proxy.js" --port 0 --threads 1 --nodes "$NODES")
+  LABEL="floor:$DIST"
+fi
 SIM=(); [[ ${IR_CACHE:-} == 1 ]] && SIM=(--cache-sim=yes --branch-sim=yes)
 valgrind --tool=callgrind "${SIM[@]}" --instr-atstart=no --separate-threads=yes --smc-check=all-non-file --callgrind-out-file="$D/cg.%p" \
   node "${CMD[@]}" > "$D/lf.log" 2> "$D/vg.log" & VPID=$!
@@ -47,7 +53,7 @@ sleep 1
 # helpers, the main thread) are reported apart because background compiles make them vary.
 IR=$(grep -h "^summary:" "$D"/cg.*.1-* | awk '{s+=$2} END {print s}')
 WORKER=$(grep -h "^summary:" "$D"/cg.*.1-* | awk '$2>m {m=$2} END {print m}')
-echo "$DIST $WL: $(( WORKER / N )) instructions a request on the worker thread ($(( IR / N )) on all threads) over $N requests; $(cat "$D/res.json")"
+echo "$LABEL $WL: $(( WORKER / N )) instructions a request on the worker thread ($(( IR / N )) on all threads) over $N requests; $(cat "$D/res.json")"
 if [[ ${IR_CACHE:-} == 1 ]]; then
   EVENTS=$(grep -h "^events:" "$D"/cg.*.1-* | head -1 | cut -d' ' -f2-)
   grep -h "^summary:" "$D"/cg.*.1-* | sort -k2 -n | tail -1 | awk -v n="$N" -v ev="$EVENTS" '{ split(ev, e, " "); printf "worker thread, a request:"; for (i = 2; i <= NF; i++) printf " %s %.0f", e[i-1], $i / n; print "" }'
