@@ -518,6 +518,34 @@ describe('h1 client', () => {
     server.close();
   });
 
+  it('sends a safe request once more on a fresh connection when a kept-alive one turns out closed, never a write', async () => {
+    // Each connection answers its first request; the second on it meets a close, as when the
+    // node's idle timeout crosses the write (or a reset: both ways).
+    for (const ending of ['end', 'reset'] as const) {
+      const { server, pool } = await setup((req) => {
+        const onConnection = server.requests.filter((r) => r.connection === req.connection).length;
+        if (onConnection === 1) req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-conn: ' + req.connection + '\r\n\r\nok');
+        else if (ending === 'end') req.socket.end();
+        else req.socket.resetAndDestroy();
+      });
+      try {
+        assert.equal((await send(pool, request('GET', '/first'))).status, 200);
+        const again = await sendAfterPoll(pool, request('GET', '/again'));
+        assert.equal(again.status, 200, `${ending}: ${again.error?.message}`);
+        assert.deepEqual(again.headers, [['x-conn', '2']], 'answered on a fresh connection');
+        assert.deepEqual(server.requests.map((r) => `${r.connection} ${r.head.split(' ')[1]}`), ['1 /first', '1 /again', '2 /again']);
+        // A write is never sent twice: it fails with its outcome unknown.
+        const post = await sendAfterPoll(pool, request('POST', '/write', [], '{}'));
+        assert.equal(post.status, undefined, ending);
+        assert.equal(post.error?.code !== undefined, true, ending);
+        assert.equal(server.requests.filter((r) => r.head.startsWith('POST')).length, 1, `${ending}: the write went once`);
+      } finally {
+        pool.close(true);
+        server.close();
+      }
+    }
+  });
+
   it('does not reuse a connection that sent bytes past its response', async () => {
     const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nXjunk'));
     assert.equal((await send(pool, request('GET', '/'))).body, 'X');

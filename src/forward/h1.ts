@@ -167,6 +167,8 @@ class Pending {
   /** Set when written to a connection. */
   conn: H1Connection | null = null;
   done = false;
+  /** Sent again once already, on a fresh connection (see `H1Connection.fail`). */
+  resent = false;
   constructor(
     readonly request: H1Request,
     readonly handler: H1Handler,
@@ -205,6 +207,8 @@ class H1Connection {
   private hinted = false;
   /** Whether the TCP connection was ever established: before that, nothing was sent. */
   connected = false;
+  /** Answers completed on this connection: a request written after one rides a reused connection. */
+  private served = 0;
   readonly openedAt = coarseNow;
 
   constructor(
@@ -288,7 +292,14 @@ class H1Connection {
     if (p !== null && !p.done) {
       // A response framed by the connection's end is complete when the connection ends.
       if (cleanClose && this.closeDelimited && this.phase === Phase.UntilClose) this.complete(p);
-      else {
+      else if (this.stale(p, error, cleanClose)) {
+        // A kept-alive connection the node had closed (its idle timeout crossing our write): as
+        // nginx and undici, a safe request is sent once more, on a fresh connection, and the
+        // node is not blamed (nothing it did failed). Never a write: it may have been applied.
+        p.resent = true;
+        p.conn = null;
+        this.pool.resend(p);
+      } else {
         p.done = true;
         // Never connected: the request was buffered, never sent. Say so, whatever the cause.
         // Connected: it may have been sent, whatever the code says (EHOSTUNREACH after the
@@ -300,6 +311,19 @@ class H1Connection {
       }
     }
     this.socket.destroy();
+  }
+
+  /**
+   * Whether `p` failed as a request on a stale kept-alive connection: the connection had served
+   * an answer before it was written, it ended (closed, reset, broken pipe) before a byte of `p`'s
+   * answer came, and `p` is safe (GET, HEAD, OPTIONS: RFC 9110 9.2.2) and was not resent already.
+   * A timeout, a cancellation or a bad answer is not that.
+   */
+  private stale(p: Pending, error: H1Error | NodeJS.ErrnoException, cleanClose: boolean): boolean {
+    if (p.resent || this.served === 0 || this.phase !== Phase.Head || this.head !== null) return false;
+    if (!cleanClose && error instanceof H1Error) return false;
+    const method = p.request.method;
+    return method === 'GET' || method === 'HEAD' || method === 'OPTIONS';
   }
 
   private onRead(n: number, buf: Uint8Array): boolean {
@@ -666,6 +690,7 @@ class H1Connection {
     const more = this.moreParts;
     const body = this.whole ?? (first === null ? EMPTY : more === null ? first : Buffer.concat([first, ...more], this.bodyBytes));
     const status = this.status;
+    this.served++;
     this.pending = null;
     this.firstPart = null;
     this.moreParts = null;
@@ -788,6 +813,18 @@ export class H1Pool {
     else {
       conn.idleSince = coarseNow;
       this.idle.push(conn);
+    }
+  }
+
+  /** @internal a safe request whose kept-alive connection turned out closed: once more, on a fresh one. */
+  resend(p: Pending): void {
+    if (this.closed) {
+      p.done = true;
+      p.handler.onError(new H1Error(H1Codes.POOL_CLOSED, 'pool closed', true));
+    } else if (this.all.size < this.maxConnections) this.open().write(p);
+    else {
+      p.queuedAt = coarseNow;
+      this.queue.splice(this.queueHead, 0, p);
     }
   }
 
