@@ -142,8 +142,8 @@ const SWITCHING_PROTOCOLS = '101 Switching Protocols';
 /**
  * Writes a node's handshake answer's header lines that are the client's: not hop-by-hop ones
  * (those the node's connection field names included), nor framing, its own served-by or ticket
- * header, nor a date or uWS's mark (uWS writes its own), nor, on a 101 (`upgrade`), the handshake's (uWS writes
- * the accept and the subprotocol itself).
+ * header, nor a date or uWS's mark (uWS writes its own), nor, on a 101 (`upgrade`), the
+ * handshake's (uWS writes the accept and the subprotocol itself).
  */
 function writeNodeHeaders(res: HttpResponse, fields: readonly (readonly [string, string])[], ticketHeader: string | null, upgrade: boolean): void {
   let connection = '';
