@@ -56,5 +56,5 @@ WORKER=$(grep -h "^summary:" "$D"/cg.*.1-* | awk '$2>m {m=$2} END {print m}')
 echo "$LABEL $WL: $(( WORKER / N )) instructions a request on the worker thread ($(( IR / N )) on all threads) over $N requests; $(cat "$D/res.json")"
 if [[ ${IR_CACHE:-} == 1 ]]; then
   EVENTS=$(grep -h "^events:" "$D"/cg.*.1-* | head -1 | cut -d' ' -f2-)
-  grep -h "^summary:" "$D"/cg.*.1-* | sort -k2 -n | tail -1 | awk -v n="$N" -v ev="$EVENTS" '{ split(ev, e, " "); printf "worker thread, a request:"; for (i = 2; i <= NF; i++) printf " %s %.0f", e[i-1], $i / n; print "" }'
+  grep -h "^summary:" "$D"/cg.*.1-* | sort -k2 -n | tail -1 | awk -v n="$N" -v ev="$EVENTS" '{ split(ev, e, " "); printf "worker thread, a request:"; for (i = 2; i <= NF; i++) printf " %s %d", e[i-1], int($i / n); print "" }'
 fi
