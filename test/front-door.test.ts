@@ -1741,6 +1741,52 @@ describe('front door: start-up', () => {
     }
   });
 
+  it('resends a read whose kept-alive connection the node had closed, to the same node, unblamed; never a GET the route takes for a write', async () => {
+    const destroyed = new Set<string>();
+    const node = await startRawNode('stale', (socket, request) => {
+      const target = request.split(' ')[1]!;
+      // The first time each of these arrives, the node closes the (kept-alive) connection on it.
+      if ((target === '/zk/create' || target === '/zk/get?stale') && !destroyed.has(target)) {
+        destroyed.add(target);
+        socket.destroy();
+      } else socket.write(`HTTP/1.1 200 OK\r\ncontent-length: ${target.length}\r\n\r\n${target}`);
+    });
+    const door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: [{ id: node.id, url: node.url }] }],
+      routes: [{ pattern: '/zk/*', cluster: 'default', policy: 'round_robin', keyHeader: null, operations: { reads: ['/zk/get'], writes: [], otherwise: 'write' }, hedge: false }],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({}),
+    });
+    const failures = async (): Promise<number> => (await call(`${door.url}/stats`)).json<{ nodes: Record<string, { failures: number }> }>().nodes[node.id]!.failures;
+    const warm = async (): Promise<void> => {
+      assert.equal((await call(`${door.url}/zk/get`)).status, 200);
+      await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
+    };
+    try {
+      // A GET the operation rules make a write: one attempt, its outcome unknown, sent once.
+      await warm();
+      const write = await call(`${door.url}/zk/create`);
+      assert.equal(write.status, 502, write.text);
+      assert.equal(write.json<{ code: string }>().code, 'LF_ERR_OUTCOME_UNKNOWN');
+      assert.equal(node.requests.filter((r) => r.startsWith('GET /zk/create ')).length, 1, 'the write went once');
+      // A read: sent again on a fresh connection, answered, and not counted against the node.
+      await warm();
+      const before = await failures();
+      const read = await call(`${door.url}/zk/get?stale`);
+      assert.equal(read.status, 200, read.text);
+      assert.equal(read.text, '/zk/get?stale');
+      assert.equal(node.requests.filter((r) => r.startsWith('GET /zk/get?stale ')).length, 2, 'the read went twice');
+      assert.equal(await failures(), before, 'the node was not blamed');
+    } finally {
+      await door.stop();
+      await node.stop();
+    }
+  });
+
   it("relays a node's header lines but uWS's mark, which the front door's uWS writes itself (no second uWebSockets line)", async () => {
     const node = await startRawNode('marked', (socket) => socket.write('HTTP/1.1 200 OK\r\nuWebSockets: 20\r\nx-node-own: kept\r\ncontent-length: 2\r\n\r\nok'));
     const door = await FrontDoor.start(doorConfig([node], { hedgeMode: 'off' }));

@@ -546,6 +546,80 @@ describe('h1 client', () => {
     }
   });
 
+  it('does not resend a request once a byte of its answer came (an interim 1xx), nor one its caller calls a write', async () => {
+    for (const interim of ['HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\n', 'HTTP/1.1 100 Continue\r\n\r\n']) {
+      const { server, pool } = await setup((req) => {
+        if (req.head.includes('/first')) req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
+        else {
+          req.socket.write(interim);
+          setTimeout(() => req.socket.end(), 10);
+        }
+      });
+      try {
+        await send(pool, request('GET', '/first'));
+        const again = await sendAfterPoll(pool, request('GET', '/again'));
+        assert.equal(again.error?.code, H1Codes.CLOSED, interim);
+        assert.equal(server.requests.filter((r) => r.head.includes('/again')).length, 1, 'the node had it: sent once');
+      } finally {
+        pool.close(true);
+        server.close();
+      }
+    }
+    // A GET an operation rule makes a write: the caller says so.
+    const { server, pool } = await setup((req) => (req.connection === 1 && req.head.includes('/first') ? req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok') : req.socket.end()));
+    try {
+      await send(pool, request('GET', '/first'));
+      await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
+      const h = handler();
+      pool.send(request('GET', '/zk/create'), h, true, false);
+      assert.equal((await h.done).error?.code, H1Codes.CLOSED);
+      assert.equal(server.requests.filter((r) => r.head.includes('/zk/create')).length, 1, 'a write goes once, whatever its method');
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
+  it('resends on the room its stale connection leaves, ahead of queued requests, and never calls its error unsent', async () => {
+    let againSeen = 0;
+    const { server, pool } = await setup((req) => {
+      if (req.head.includes('/again') && ++againSeen === 1) req.socket.end();
+      else req.socket.write(`HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-conn: ${req.connection}\r\n\r\nok`);
+    }, { connections: 1 });
+    try {
+      await send(pool, request('GET', '/first'));
+      await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
+      const again = handler();
+      const queued = handler();
+      pool.send(request('GET', '/again'), again);
+      pool.send(request('GET', '/queued'), queued);
+      const [a, q] = await Promise.all([again.done, queued.done]);
+      assert.deepEqual(a.headers, [['x-conn', '2']], 'the resend had a fresh connection');
+      assert.equal(q.status, 200);
+      assert.deepEqual(server.requests.map((r) => `${r.connection} ${r.head.split(' ')[1]}`), ['1 /first', '1 /again', '2 /again', '2 /queued']);
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+    // The node goes away between the two copies: the resend is refused, but the first copy was sent.
+    const gone = await setup((req) => {
+      if (req.head.includes('/first')) req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
+      else {
+        gone.server.close();
+        req.socket.end();
+      }
+    });
+    try {
+      await send(gone.pool, request('GET', '/first'));
+      const again = await sendAfterPoll(gone.pool, request('GET', '/again'));
+      assert.equal(again.error?.code, 'ECONNREFUSED');
+      assert.equal(again.error?.unsent, false, 'its first copy reached the node');
+      assert.equal(isUnsent(again.error), false);
+    } finally {
+      gone.pool.close(true);
+    }
+  });
+
   it('does not reuse a connection that sent bytes past its response', async () => {
     const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nXjunk'));
     assert.equal((await send(pool, request('GET', '/'))).body, 'X');

@@ -17,8 +17,11 @@
  * - Reported headers leave out the framing and hop-by-hop ones (content-length,
  *   transfer-encoding, connection, keep-alive, te, trailer, upgrade, proxy-connection): the
  *   client consumed them.
- * - Never retries. A request written to a connection that then fails is reported failed, once:
- *   whether to try elsewhere is the exchange's decision (a bare write must not be resent).
+ * - Retries one thing only: a request its caller calls resendable (by default GET, HEAD, OPTIONS)
+ *   whose reused connection ends before a byte of its answer is sent once more, on a fresh
+ *   connection (see `H1Connection.stale`). Any other request written to a connection that then
+ *   fails is reported failed, once: whether to try elsewhere is the exchange's decision (a bare
+ *   write must not be resent).
  * - Timeouts (waiting in the queue, for the response head, and each gap in the body) are checked
  *   by one sweep timer per agent, not a timer per request.
  */
@@ -173,7 +176,19 @@ class Pending {
     readonly request: H1Request,
     readonly handler: H1Handler,
     readonly expectBody: boolean,
+    /** May be sent once more if its reused connection turns out closed: the caller's judgement. */
+    readonly resendable: boolean,
   ) {}
+}
+
+/** RFC 9110 9.2.1's safe methods the h1 client resends by default (see `H1Pool.send`). */
+export function isResendableMethod(method: string): boolean {
+  return method === 'GET' || method === 'HEAD' || method === 'OPTIONS';
+}
+
+/** `error` as reported for `p`: once a request was resent, its first copy was sent, whatever the second did. */
+function forPending(p: Pending, error: H1Error): H1Error {
+  return p.resent && error.unsent ? new H1Error(error.code, error.message, false) : error;
 }
 
 class H1Connection {
@@ -209,6 +224,8 @@ class H1Connection {
   connected = false;
   /** Answers completed on this connection: a request written after one rides a reused connection. */
   private served = 0;
+  /** A byte of the pending request's answer came (an interim 1xx, part of a head, ...). */
+  private heard = false;
   readonly openedAt = coarseNow;
 
   constructor(
@@ -243,6 +260,7 @@ class H1Connection {
     this.bodyBytes = 0;
     this.reusable = true;
     this.closeDelimited = false;
+    this.heard = false;
     this.lastActivity = coarseNow;
     const { request } = p;
     const headText = `${request.method} ${request.path} HTTP/1.1\r\nhost: ${this.pool.hostHeader}\r\n${request.headBlock}`;
@@ -288,26 +306,32 @@ class H1Connection {
     this.closed = true;
     const p = this.pending;
     this.pending = null;
-    this.pool.forget(this);
-    if (p !== null && !p.done) {
-      // A response framed by the connection's end is complete when the connection ends.
-      if (cleanClose && this.closeDelimited && this.phase === Phase.UntilClose) this.complete(p);
-      else if (this.stale(p, error, cleanClose)) {
-        // A kept-alive connection the node had closed (its idle timeout crossing our write): as
-        // nginx and undici, a safe request is sent once more, on a fresh connection, and the
-        // node is not blamed (nothing it did failed). Never a write: it may have been applied.
-        p.resent = true;
-        p.conn = null;
-        this.pool.resend(p);
-      } else {
-        p.done = true;
-        // Never connected: the request was buffered, never sent. Say so, whatever the cause.
-        // Connected: it may have been sent, whatever the code says (EHOSTUNREACH after the
-        // connect is no proof of anything), so the error says `unsent: false` outright.
-        const reported = error instanceof H1Error && (error.unsent || this.connected)
-          ? error
-          : new H1Error((error as { code?: string }).code ?? H1Codes.CLOSED, error.message, !this.connected);
-        p.handler.onError(reported);
+    const live = p !== null && !p.done ? p : null;
+    const delimited = live !== null && cleanClose && this.closeDelimited && this.phase === Phase.UntilClose;
+    if (live !== null && !delimited && this.stale(live, error, cleanClose)) {
+      const p = live;
+      // A kept-alive connection the node had closed (its idle timeout crossing our write): a
+      // safe read is sent once more, on the connection this one's end makes room for (not
+      // behind queued requests), and the node is not blamed.
+      p.resent = true;
+      p.conn = null;
+      this.pool.forget(this, p);
+    } else {
+      this.pool.forget(this);
+      if (live !== null) {
+        const p = live;
+        // A response framed by the connection's end is complete when the connection ends.
+        if (delimited) this.complete(p);
+        else {
+          p.done = true;
+          // Never connected: the request was buffered, never sent. Say so, whatever the cause
+          // (unless this is its second copy). Connected: it may have been sent, whatever the
+          // code says (EHOSTUNREACH after the connect is no proof of anything).
+          const reported = error instanceof H1Error && (error.unsent || this.connected)
+            ? error
+            : new H1Error((error as { code?: string }).code ?? H1Codes.CLOSED, error.message, !this.connected);
+          p.handler.onError(forPending(p, reported));
+        }
       }
     }
     this.socket.destroy();
@@ -315,15 +339,14 @@ class H1Connection {
 
   /**
    * Whether `p` failed as a request on a stale kept-alive connection: the connection had served
-   * an answer before it was written, it ended (closed, reset, broken pipe) before a byte of `p`'s
-   * answer came, and `p` is safe (GET, HEAD, OPTIONS: RFC 9110 9.2.2) and was not resent already.
-   * A timeout, a cancellation or a bad answer is not that.
+   * an answer before it was written, it ended (closed, reset, broken pipe) before any byte of
+   * `p`'s answer came (an interim 1xx is one: the node had the request), and `p` may be resent
+   * (its caller said so: by default a GET, HEAD or OPTIONS) and was not resent already. A
+   * timeout, a cancellation or a bad answer is not that.
    */
   private stale(p: Pending, error: H1Error | NodeJS.ErrnoException, cleanClose: boolean): boolean {
-    if (p.resent || this.served === 0 || this.phase !== Phase.Head || this.head !== null) return false;
-    if (!cleanClose && error instanceof H1Error) return false;
-    const method = p.request.method;
-    return method === 'GET' || method === 'HEAD' || method === 'OPTIONS';
+    if (!p.resendable || p.resent || this.served === 0 || this.heard) return false;
+    return cleanClose || !(error instanceof H1Error);
   }
 
   private onRead(n: number, buf: Uint8Array): boolean {
@@ -360,6 +383,7 @@ class H1Connection {
       this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'unsolicited bytes from upstream'));
       return;
     }
+    this.heard = true;
     // The head must come whole within the timeout of the write (bytes of it trickled, or interim
     // answers one after another, do not hold the request longer); then each gap in the body.
     if (this.phase !== Phase.Head) this.lastActivity = coarseNow;
@@ -742,9 +766,14 @@ export class H1Pool {
     return this.all.size;
   }
 
-  /** Queues or writes the request; the outcome reaches `handler` later. Returns a cancel token. */
-  send(request: H1Request, handler: H1Handler, expectBody = true): H1Ticket {
-    const p = new Pending(request, handler, expectBody);
+  /**
+   * Queues or writes the request; the outcome reaches `handler` later. Returns a cancel token.
+   * `resendable`: whether it may be sent once more when its reused connection turns out closed
+   * before a byte of its answer (default: a safe method; a caller that knows the request for a
+   * write, whatever its method, says false).
+   */
+  send(request: H1Request, handler: H1Handler, expectBody = true, resendable = isResendableMethod(request.method)): H1Ticket {
+    const p = new Pending(request, handler, expectBody, resendable);
     if (this.closed) {
       p.done = true;
       queueMicrotask(() => handler.onError(new H1Error(H1Codes.POOL_CLOSED, 'pool closed', true)));
@@ -816,27 +845,30 @@ export class H1Pool {
     }
   }
 
-  /** @internal a safe request whose kept-alive connection turned out closed: once more, on a fresh one. */
-  resend(p: Pending): void {
+  /**
+   * @internal a connection is gone: its room goes to `resend` (a request sent on it once, to
+   * send again: see `H1Connection.fail`), else to the next queued request.
+   */
+  forget(conn: H1Connection, resend: Pending | null = null): void {
+    if (this.all.delete(conn)) {
+      const i = this.idle.indexOf(conn);
+      if (i >= 0) this.idle.splice(i, 1);
+    } else if (resend === null) return;
     if (this.closed) {
-      p.done = true;
-      p.handler.onError(new H1Error(H1Codes.POOL_CLOSED, 'pool closed', true));
-    } else if (this.all.size < this.maxConnections) this.open().write(p);
-    else {
-      p.queuedAt = coarseNow;
-      this.queue.splice(this.queueHead, 0, p);
+      if (resend !== null) {
+        resend.done = true;
+        resend.handler.onError(forPending(resend, new H1Error(H1Codes.POOL_CLOSED, 'pool closed', true)));
+      }
+      return;
     }
-  }
-
-  /** @internal a connection is gone. */
-  forget(conn: H1Connection): void {
-    if (!this.all.delete(conn)) return;
-    const i = this.idle.indexOf(conn);
-    if (i >= 0) this.idle.splice(i, 1);
-    // Room for a queued request on a fresh connection.
-    if (!this.closed && this.all.size < this.maxConnections) {
-      const next = this.dequeue();
+    // Room for the resend, or a queued request, on a fresh connection. (A resend always finds
+    // room: the connection it failed on was counted until now.)
+    if (this.all.size < this.maxConnections) {
+      const next = resend ?? this.dequeue();
       if (next !== null) this.open().write(next);
+    } else if (resend !== null) {
+      resend.queuedAt = coarseNow;
+      this.queue.splice(this.queueHead, 0, resend);
     }
   }
 
@@ -847,7 +879,7 @@ export class H1Pool {
       const p = this.queue[i]!;
       if (!p.done && now - p.queuedAt > timeout) {
         p.done = true;
-        p.handler.onError(new H1Error(H1Codes.TIMEOUT, `no connection to the node within ${this.requestTimeoutMs} ms`, true));
+        p.handler.onError(forPending(p, new H1Error(H1Codes.TIMEOUT, `no connection to the node within ${this.requestTimeoutMs} ms`, true)));
       }
     }
     for (const conn of [...this.all]) {
@@ -868,7 +900,7 @@ export class H1Pool {
     this.closed = true;
     for (let p = this.dequeue(); p !== null; p = this.dequeue()) {
       p.done = true;
-      p.handler.onError(new H1Error(H1Codes.POOL_CLOSED, 'pool closed', true));
+      p.handler.onError(forPending(p, new H1Error(H1Codes.POOL_CLOSED, 'pool closed', true)));
     }
     for (const conn of [...this.all]) {
       if (destroyBusy || conn.pending === null) conn.destroy(new H1Error(H1Codes.POOL_CLOSED, 'pool closed'));

@@ -21,9 +21,12 @@ import { errors as undiciErrors, Pool } from 'undici';
 import type { Dispatcher } from 'undici';
 import { isGatewayFailure, type AttemptHandle } from './exchange.js';
 import { HeaderFields, isChunkedOnly } from './fields.js';
-import { H1Codes, H1Error, connectTimeoutFor, headBlock, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
+import { H1Codes, H1Error, connectTimeoutFor, headBlock, isResendableMethod, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
 
 export type UpstreamClientKind = 'h1' | 'undici';
+
+/** server/protocol.ts's OP_READ (forward/ does not import the server's modules). */
+const OP_READ = 0;
 
 /** One client request as every attempt sends it; encodings are built once, on first use. */
 export class UpstreamRequest implements H1Request {
@@ -177,7 +180,10 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
   }
 
   start(request: UpstreamRequest): this {
-    this.ticket = this.transport.pool.send(request, this, request.method !== 'HEAD');
+    // Sent once more on a stale kept-alive connection only if the route takes it for a read too:
+    // operation rules can make a GET a write ("a write gets one attempt").
+    const resendable = this.exchange.op === OP_READ && isResendableMethod(request.method);
+    this.ticket = this.transport.pool.send(request, this, request.method !== 'HEAD', resendable);
     return this;
   }
 
