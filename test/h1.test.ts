@@ -620,6 +620,31 @@ describe('h1 client', () => {
     }
   });
 
+  it("gives a resent request what is left of the first write's timeout, not a timeout of its own", async () => {
+    // The node takes 500 ms on the reused connection and resets it, then 500 ms on the fresh one
+    // to answer: with the head awaited 800 ms from the first write, the answer comes too late.
+    const { server, pool } = await setup(
+      (req) => {
+        const onConnection = server.requests.filter((r) => r.connection === req.connection).length;
+        if (req.head.startsWith('GET /warm')) req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
+        else if (onConnection > 1) setTimeout(() => req.socket.resetAndDestroy(), 500);
+        else setTimeout(() => req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nlate'), 500);
+      },
+      { requestTimeoutMs: 800 },
+    );
+    try {
+      assert.equal((await send(pool, request('GET', '/warm'))).status, 200);
+      const slow = await sendAfterPoll(pool, request('GET', '/slow'));
+      assert.deepEqual(server.requests.map((r) => `${r.connection} ${r.head.split(' ')[1]}`), ['1 /warm', '1 /slow', '2 /slow'], 'resent once');
+      assert.equal(slow.status, undefined, `answered: ${slow.body}`);
+      assert.equal(slow.error?.code, H1Codes.TIMEOUT);
+      assert.equal(slow.error?.unsent, false);
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
   it('does not reuse a connection that sent bytes past its response', async () => {
     const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nXjunk'));
     assert.equal((await send(pool, request('GET', '/'))).body, 'X');

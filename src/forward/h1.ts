@@ -172,6 +172,8 @@ class Pending {
   done = false;
   /** Sent again once already, on a fresh connection (see `H1Connection.fail`). */
   resent = false;
+  /** Coarse time of its first write: a resent request's timeouts still count from it. */
+  writtenAt = 0;
   constructor(
     readonly request: H1Request,
     readonly handler: H1Handler,
@@ -261,7 +263,10 @@ class H1Connection {
     this.reusable = true;
     this.closeDelimited = false;
     this.heard = false;
-    this.lastActivity = coarseNow;
+    // The head is awaited for one request timeout from the request's first write: a copy sent
+    // again (see `fail`) has what is left of it, not a timeout of its own.
+    if (!p.resent) p.writtenAt = coarseNow;
+    this.lastActivity = p.writtenAt;
     const { request } = p;
     const headText = `${request.method} ${request.path} HTTP/1.1\r\nhost: ${this.pool.hostHeader}\r\n${request.headBlock}`;
     const body = request.body;
@@ -867,7 +872,7 @@ export class H1Pool {
       const next = resend ?? this.dequeue();
       if (next !== null) this.open().write(next);
     } else if (resend !== null) {
-      resend.queuedAt = coarseNow;
+      resend.queuedAt = resend.writtenAt;
       this.queue.splice(this.queueHead, 0, resend);
     }
   }
