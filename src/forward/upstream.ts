@@ -22,11 +22,9 @@ import type { Dispatcher } from 'undici';
 import { isGatewayFailure, type AttemptHandle } from './exchange.js';
 import { HeaderFields, isChunkedOnly } from './fields.js';
 import { H1Codes, H1Error, connectTimeoutFor, headBlock, isResendableMethod, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
+import { OP_READ } from '../server/protocol.js';
 
 export type UpstreamClientKind = 'h1' | 'undici';
-
-/** server/protocol.ts's OP_READ (forward/ does not import the server's modules). */
-const OP_READ = 0;
 
 /** One client request as every attempt sends it; encodings are built once, on first use. */
 export class UpstreamRequest implements H1Request {

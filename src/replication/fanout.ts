@@ -49,9 +49,7 @@ import type { HeaderFields } from '../forward/fields.js';
 import { UpstreamRequest, type AttemptSink } from '../forward/upstream.js';
 import { HintStore, keyHash, type HandoffHost, type Reservation } from './hints.js';
 import { HINT_HEADER, Requirement, VERSION_HEADER, compareVersions, type QuorumSettings, type VersionClock } from './quorum.js';
-
-const OP_READ = 0;
-const OP_WRITE = 1;
+import { OP_READ, OP_WRITE } from '../server/protocol.js';
 
 /** What a replicated route needs of its cluster (the worker's ClusterRuntime). */
 export interface ReplicaHost extends HandoffHost {
