@@ -232,9 +232,11 @@ export class Exchange implements HedgeWaiter {
   private inflight = 0;
   /**
    * Per ordinal, while the transport may still report: the attempt's handle (STARTING until its
-   * transport returned it); null once the attempt finished.
+   * transport returned it); null once the attempt finished, or not launched yet. Room for two
+   * from the start (a primary and its hedge or failover): a first push into an empty array grows
+   * it to 17 slots, a call into the runtime every request.
    */
-  private readonly attempts: (AttemptHandle | null)[] = [];
+  private readonly attempts: (AttemptHandle | null)[] = [null, null];
   private hedgeTimer: NodeJS.Timeout | null = null;
 
   constructor(driver: ExchangeDriver, capacity: number) {
@@ -385,7 +387,7 @@ export class Exchange implements HedgeWaiter {
   /** Marks the attempt at `ordinal` finished; false if it already was (a second report). */
   private finish(ordinal: number): boolean {
     const attempts = this.attempts;
-    if (ordinal >= attempts.length || attempts[ordinal] === null) return false;
+    if (ordinal >= this.launched || attempts[ordinal] === null) return false;
     attempts[ordinal] = null;
     this.inflight--;
     return true;
@@ -395,7 +397,8 @@ export class Exchange implements HedgeWaiter {
     this.launchedAt = performance.now();
     const ordinal = this.launched++;
     this.inflight++;
-    this.attempts.push(STARTING);
+    if (ordinal < this.attempts.length) this.attempts[ordinal] = STARTING;
+    else this.attempts.push(STARTING);
     const handle = this.driver.startAttempt(this, this.candidates[ordinal]!, ordinal);
     // A transport may report synchronously (dispatch on a closed pool): keep no stale handle.
     if (this.attempts[ordinal] === STARTING) this.attempts[ordinal] = handle;

@@ -133,36 +133,43 @@ function graceOf(transport: NodeTransport, exchange: AttemptSink): number {
 
 /**
  * What both attempt kinds share: an attempt ends once, and a cancelled one is given
- * `cancelGraceMs` to finish before `kill()` closes its connection.
+ * `cancelGraceMs` to finish before `kill()` closes its connection. Fields and two functions, not
+ * a base class: V8 (Node 20) does not inline a derived class's `super()` into the code that makes
+ * the attempt, and made every attempt through its generic construct path (`bench/ir.sh`).
  */
-abstract class CancellableAttempt implements AttemptHandle {
-  protected ended = false;
-  protected cancelled = false;
-  private graceTimer: NodeJS.Timeout | null = null;
-
-  abstract abort(): void;
+interface CancellableAttempt extends AttemptHandle {
+  /** @internal it has ended (answered, failed or killed): nothing more is reported. */
+  ended: boolean;
+  /** @internal cancelled: whatever comes is not the exchange's any more. */
+  cancelled: boolean;
+  /** @internal the grace a cancelled attempt is given to finish. */
+  graceTimer: NodeJS.Timeout | null;
   /** Close the connection (or drop the queued request) now. */
-  abstract kill(): void;
+  kill(): void;
+}
 
-  /** Kill at once, or after the grace period when it is positive. */
-  protected killAfter(graceMs: number): void {
-    if (graceMs <= 0) this.kill();
-    else this.graceTimer = setTimeout(killAttempt, graceMs, this).unref();
-  }
+/** Kill at once, or after the grace period when it is positive. */
+function killAfter(attempt: CancellableAttempt, graceMs: number): void {
+  if (graceMs <= 0) attempt.kill();
+  else attempt.graceTimer = setTimeout(killAttempt, graceMs, attempt).unref();
+}
 
-  protected end(): void {
-    this.ended = true;
-    if (this.graceTimer !== null) {
-      clearTimeout(this.graceTimer);
-      this.graceTimer = null;
-    }
+/** The attempt has ended: its grace, if any, is over. */
+function endAttempt(attempt: CancellableAttempt): void {
+  attempt.ended = true;
+  if (attempt.graceTimer !== null) {
+    clearTimeout(attempt.graceTimer);
+    attempt.graceTimer = null;
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // h1
 
-class H1Attempt extends CancellableAttempt implements H1Handler {
+class H1Attempt implements CancellableAttempt, H1Handler {
+  ended = false;
+  cancelled = false;
+  graceTimer: NodeJS.Timeout | null = null;
   private ticket: H1Ticket | null = null;
   /** The exchange read the clock as it launched this attempt. */
   private readonly startedAt: number;
@@ -173,7 +180,6 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
     private readonly ordinal: number,
     private readonly node: number,
   ) {
-    super();
     this.startedAt = exchange.launchedAt;
   }
 
@@ -193,13 +199,13 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
     if (this.ended || this.cancelled) return;
     this.cancelled = true;
     // Not written yet: nothing to wait for.
-    this.killAfter(this.transport.pool.isWritten(this.ticket!) ? graceOf(this.transport, this.exchange) : 0);
+    killAfter(this, this.transport.pool.isWritten(this.ticket!) ? graceOf(this.transport, this.exchange) : 0);
   }
 
   /** @internal drop the request (queued) or close its connection (written). */
   kill(): void {
     if (this.ended) return;
-    this.end();
+    endAttempt(this);
     const written = this.transport.pool.isWritten(this.ticket!);
     this.transport.pool.cancel(this.ticket!);
     this.transport.observer.attemptEnded(this.node, true, written ? performance.now() - this.startedAt : -1, written ? cancelledAs(this.exchange) : CANCELLED, this.exchange.op);
@@ -207,7 +213,7 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
 
   onResponse(status: number, fields: HeaderFields, body: Buffer): void {
     if (this.ended) return;
-    this.end();
+    endAttempt(this);
     const ms = performance.now() - this.startedAt;
     const ok = !isGatewayFailure(status);
     // A cancelled attempt that finished in its grace is still a true sample of the node.
@@ -217,7 +223,7 @@ class H1Attempt extends CancellableAttempt implements H1Handler {
 
   onError(error: H1Error | NodeJS.ErrnoException): void {
     if (this.ended) return;
-    this.end();
+    endAttempt(this);
     this.transport.observer.attemptEnded(this.node, false, performance.now() - this.startedAt, error, this.exchange.op);
     if (!this.cancelled) this.exchange.failed(this.ordinal, error);
   }
@@ -262,7 +268,10 @@ class H1Transport implements NodeTransport {
  * (interim 1xx answers do not extend it), then for each gap in the body, as the h1 client's
  * sweep does.
  */
-class DispatchAttempt extends CancellableAttempt {
+class DispatchAttempt implements CancellableAttempt {
+  ended = false;
+  cancelled = false;
+  graceTimer: NodeJS.Timeout | null = null;
   private abortFn: ((reason?: Error) => void) | null = null;
   private killed = false;
   private deadline: NodeJS.Timeout | null = null;
@@ -281,7 +290,6 @@ class DispatchAttempt extends CancellableAttempt {
     private readonly ordinal: number,
     private readonly node: number,
   ) {
-    super();
     this.startedAt = exchange.launchedAt;
   }
 
@@ -301,8 +309,8 @@ class DispatchAttempt extends CancellableAttempt {
     else this.abortFn(this.inBody ? new undiciErrors.BodyTimeoutError(`no further part of the response within ${ms} ms`) : new undiciErrors.HeadersTimeoutError(`no response from the node within ${ms} ms`));
   }
 
-  protected override end(): void {
-    super.end();
+  private end(): void {
+    endAttempt(this);
     if (this.deadline !== null) {
       clearTimeout(this.deadline);
       this.deadline = null;
@@ -318,7 +326,7 @@ class DispatchAttempt extends CancellableAttempt {
     if (this.ended || this.cancelled) return;
     this.cancelled = true;
     if (this.abortFn === null) return; // not on a socket yet: onConnect drops it
-    this.killAfter(graceOf(this.transport, this.exchange));
+    killAfter(this, graceOf(this.transport, this.exchange));
   }
 
   /** @internal grace expired: close the connection. */
