@@ -1,14 +1,20 @@
 /**
- * Latency histograms for reporting (HDR, microseconds). Recording happens in the workers on WASM
- * histograms (~30-85 ns a value); percentiles are computed off the request path by the control
- * plane, which merges every worker's encoded histograms on demand.
+ * Latency histograms for reporting (HDR, microseconds). Recording happens in the workers;
+ * percentiles are computed off the request path by the control plane, which merges every
+ * worker's encoded histograms on demand.
  *
- * WASM histograms are never garbage-collected: a worker creates one per node at start-up and
- * destroys them when it stops.
+ * The histograms are hdr-histogram-js's JavaScript ones (32-bit counts), not its WebAssembly
+ * build. Building a WebAssembly histogram grows the module's memory, and growing a memory
+ * detaches its old ArrayBuffer: the first detach in a thread turns off V8's guarantee that no
+ * buffer is ever detached, and from then on every typed-array read and write in optimized code
+ * checks for it. The worker's byte loops (parsing each answer's head, laying out its header
+ * lines) cost about 16-21% more instructions that way (bench/ir.sh, GET 1 KiB); and a value
+ * recorded from JavaScript into the WebAssembly one cost more than the JavaScript one records it
+ * (the call into the module). A request body does the same detach (uWS detaches each body
+ * chunk's ArrayBuffer after its callback), so only a thread that has seen none keeps the
+ * guarantee: a front door of GETs.
  */
 import hdr from 'hdr-histogram-js';
-
-await hdr.initWebAssembly();
 
 /** Values above this (one minute) are clamped: an attempt cannot run that long anyway. */
 const HIGHEST_US = 60_000_000;
@@ -22,7 +28,7 @@ export interface LatencySummaryUs {
   max: number;
 }
 
-/** One WASM histogram per node, owned by one thread. */
+/** One histogram per node, owned by one thread. */
 export class NodeHistograms {
   private readonly histograms: hdr.Histogram[];
   private readonly dirty: Uint8Array;
@@ -31,7 +37,7 @@ export class NodeHistograms {
     this.histograms = [];
     for (let i = 0; i < nodeCount; i++) {
       this.histograms.push(
-        hdr.build({ useWebAssembly: true, lowestDiscernibleValue: 1, highestTrackableValue: HIGHEST_US, numberOfSignificantValueDigits: 3, autoResize: false }),
+        hdr.build({ useWebAssembly: false, bitBucketSize: 32, lowestDiscernibleValue: 1, highestTrackableValue: HIGHEST_US, numberOfSignificantValueDigits: 3, autoResize: false }),
       );
     }
     this.dirty = new Uint8Array(nodeCount);
