@@ -11,6 +11,10 @@
 # IR_FRONT=floor counts bench/floor-proxy.js (the least a uWS + Node proxy does) instead of Lakefront.
 # IR_CACHE=1 also simulates the caches and branch predictors (slower) and prints the worker's misses
 # a request: instruction and data L1 misses are where Lakefront and the floor differ (RESULTS.md).
+# IR_NODE_FLAGS are node flags for the counted process, IR_KEEP a directory that keeps its
+# callgrind files: e.g. IR_NODE_FLAGS="--no-short-builtin-calls --perf-basic-prof" names V8's
+# builtins (Builtins_...) and writes the JIT names to /tmp/perf-PID.map (PID: the callgrind files'),
+# and `callgrind_annotate --tree=caller` on the worker's file (the largest) shows who calls them.
 set -euo pipefail
 DIST=$1; WL=$2; WARM=$3; N=$4
 cd "$(dirname "$0")/.."
@@ -18,7 +22,7 @@ D=$(mktemp -d)
 UPARGS=(); [[ $WL == kv* ]] && UPARGS=(--version 1)
 node dist/bench/upstream.js --ports 0,0,0 "${UPARGS[@]}" > "$D/up.json" & UPPID=$!
 VPID=
-trap 'kill -TERM $VPID 2>/dev/null || true; kill $UPPID 2>/dev/null || true; rm -rf "$D"' EXIT
+trap 'kill -TERM $VPID 2>/dev/null || true; kill $UPPID 2>/dev/null || true; [[ -n ${IR_KEEP:-} ]] && mkdir -p "$IR_KEEP" && cp "$D"/cg.* "$IR_KEEP"/; rm -rf "$D"' EXIT
 sleep 0.8
 NODES=$(node -e "const p=JSON.parse(require('fs').readFileSync('$D/up.json','utf8')).ports;console.log(p.map((x,i)=>'node-'+i+'=http://127.0.0.1:'+x).join(','))")
 FRONT=(--nodes "$NODES")
@@ -36,7 +40,7 @@ if [[ -n ${IR_FRONT:-} ]]; then
 fi
 SIM=(); [[ ${IR_CACHE:-} == 1 ]] && SIM=(--cache-sim=yes --branch-sim=yes)
 valgrind --tool=callgrind "${SIM[@]}" --instr-atstart=no --separate-threads=yes --smc-check=all-non-file --callgrind-out-file="$D/cg.%p" \
-  node "${CMD[@]}" > "$D/lf.log" 2> "$D/vg.log" & VPID=$!
+  node ${IR_NODE_FLAGS:-} "${CMD[@]}" > "$D/lf.log" 2> "$D/vg.log" & VPID=$!
 URL=
 for _ in $(seq 120); do
   URL=$(grep -o 'http://127.0.0.1:[0-9]*' "$D/lf.log" | head -1 || true)
