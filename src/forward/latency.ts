@@ -14,7 +14,8 @@ export const MIN_SAMPLES = 8;
  * The ordered copy is built by a sort the first time a percentile is asked for, then kept in
  * step by each new sample: binary searches find the evicted sample's place and the new one's, and
  * the samples between them shift one slot (about 90 ns here, against 550 ns a request for
- * re-sorting 128 samples every 8th). A window nobody asks (a node serving only bare writes) never pays for the order.
+ * re-sorting 128 samples every 8th). A window nobody asks (a node serving only bare writes)
+ * never pays for the order.
  */
 export class SampleWindow {
   private readonly samples = new Float64Array(WINDOW_SIZE);
@@ -54,29 +55,30 @@ export class SampleWindow {
 
   /**
    * Keeps `sorted` in order: the samples between the evicted one's place and the new one's shift
-   * one slot, in one `copyWithin` (a call into the runtime: two, one to take the evicted sample
-   * out and one to make room, cost twice that; a loop in JavaScript cost more than both,
-   * `bench/ir.sh`), none when the two places meet.
+   * one slot, with one `copyWithin`, or none when the two places meet. (`copyWithin` is a call
+   * into the runtime: taking the evicted sample out and making room for the new one apart cost
+   * two; a loop in JavaScript instead cost more than both, `bench/ir.sh`.)
    */
   private reorder(full: boolean, evicted: number, added: number): void {
     const s = this.sorted;
     if (!full) {
-      // The ring is filling: `added` goes into the first held - 1, after any equal sample.
+      // The ring is filling: the first held - 1 samples are in order; `added` joins them, after
+      // any equal one.
       const n = this.held - 1;
-      const at = upperBound(s, 0, n, added);
+      const at = placeOf(s, 0, n, added, true);
       if (at < n) s.copyWithin(at + 1, at, n);
       s[at] = added;
       return;
     }
-    const out = lowerBound(s, 0, WINDOW_SIZE, evicted);
+    const out = placeOf(s, 0, WINDOW_SIZE, evicted, false);
     if (added > evicted) {
       // The samples after the evicted one and below `added` move down one.
-      const before = lowerBound(s, out + 1, WINDOW_SIZE, added);
+      const before = placeOf(s, out + 1, WINDOW_SIZE, added, false);
       if (before > out + 1) s.copyWithin(out, out + 1, before);
       s[before - 1] = added;
     } else {
       // The samples from `added`'s place up to the evicted one move up one.
-      const at = upperBound(s, 0, out, added);
+      const at = placeOf(s, 0, out, added, true);
       if (at < out) s.copyWithin(at + 1, at, out);
       s[at] = added;
     }
@@ -128,25 +130,17 @@ export class LatencyWindow {
   }
 }
 
-/** The first index in `s[from, to)` (sorted) whose sample is not below `value`, or `to`. */
-function lowerBound(s: Float64Array, from: number, to: number, value: number): number {
+/**
+ * The first index in `s[from, to)` (sorted) whose sample is above `value` (`after`), or not below
+ * it; `to` if none is.
+ */
+function placeOf(s: Float64Array, from: number, to: number, value: number, after: boolean): number {
   let lo = from;
   let hi = to;
   while (lo < hi) {
     const mid = (lo + hi) >> 1;
-    if (s[mid]! < value) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
-/** The first index in `s[from, to)` (sorted) whose sample is above `value`, or `to`. */
-function upperBound(s: Float64Array, from: number, to: number, value: number): number {
-  let lo = from;
-  let hi = to;
-  while (lo < hi) {
-    const mid = (lo + hi) >> 1;
-    if (s[mid]! <= value) lo = mid + 1;
+    const v = s[mid]!;
+    if (v < value || (after && v === value)) lo = mid + 1;
     else hi = mid;
   }
   return lo;
