@@ -66,6 +66,10 @@ describe('SampleWindow.triggerMs (the hedge trigger)', () => {
           const want = held.length < 8 ? 250 : held[Math.max(1, Math.ceil((p / 100) * held.length)) - 1];
           assert.equal(s.triggerMs(p, 250), want, `sample ${i}, p${p}`);
         }
+        // Every rank, so the whole ordered copy is checked, not four places of it.
+        if (held.length >= 8 && i % 30 === 0) {
+          for (let k = 1; k <= held.length; k++) assert.equal(s.triggerMs(((k - 0.5) / held.length) * 100, 250), held[k - 1], `sample ${i}, rank ${k}`);
+        }
       }
     }
   });
