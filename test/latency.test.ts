@@ -51,27 +51,43 @@ describe('SampleWindow.triggerMs (the hedge trigger)', () => {
   });
 
   it('stays exact while samples arrive between queries (checked against a sort)', () => {
-    const s = new SampleWindow();
-    const all: number[] = [];
     let seed = 7;
     const random = (): number => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
-    for (let i = 0; i < 2_000; i++) {
-      // Repeats and ties included: values on a coarse grid.
-      const ms = Math.round(random() * 50) / 10;
-      s.record(ms);
-      all.push(ms);
-      if (i % 3 === 0 || i > 1_900) {
-        const held = all.slice(-128).sort((a, b) => a - b);
-        for (const p of [50, 95, 99, 100]) {
-          const want = held.length < 8 ? 250 : held[Math.max(1, Math.ceil((p / 100) * held.length)) - 1];
-          assert.equal(s.triggerMs(p, 250), want, `sample ${i}, p${p}`);
-        }
-        // Every rank, so the whole ordered copy is checked, not four places of it.
-        if (held.length >= 8 && i % 30 === 0) {
-          for (let k = 1; k <= held.length; k++) assert.equal(s.triggerMs(((k - 0.5) / held.length) * 100, 250), held[k - 1], `sample ${i}, rank ${k}`);
+    // Values on grids from two values (ties everywhere) to a thousand (few ties): how far a sample
+    // moves, and past how many equal ones, depends on it.
+    for (const steps of [2, 5, 50, 1_000]) {
+      const s = new SampleWindow();
+      const all: number[] = [];
+      for (let i = 0; i < 2_000; i++) {
+        const ms = Math.round(random() * steps) / 10;
+        s.record(ms);
+        all.push(ms);
+        if (i % 3 === 0 || i > 1_900) {
+          const held = all.slice(-128).sort((a, b) => a - b);
+          for (const p of [50, 95, 99, 100]) {
+            const want = held.length < 8 ? 250 : held[Math.max(1, Math.ceil((p / 100) * held.length)) - 1];
+            assert.equal(s.triggerMs(p, 250), want, `grid ${steps}, sample ${i}, p${p}`);
+          }
+          // Every rank, so the whole ordered copy is checked, not four places of it.
+          if (held.length >= 8 && i % 9 === 0) {
+            for (let k = 1; k <= held.length; k++) assert.equal(s.triggerMs(((k - 0.5) / held.length) * 100, 250), held[k - 1], `grid ${steps}, sample ${i}, rank ${k}`);
+          }
         }
       }
     }
+  });
+
+  it('moves the one sample between the evicted and the new one down a place', () => {
+    const s = new SampleWindow();
+    s.record(1.0);
+    s.record(1.1);
+    for (let i = 0; i < 126; i++) s.record(5);
+    assert.equal(s.triggerMs(0.1, 250), 1.0);
+    // Evicts 1.0 (the oldest); 1.1 moves down, 1.2 takes its place.
+    s.record(1.2);
+    assert.equal(s.triggerMs(0.1, 250), 1.1);
+    assert.equal(s.triggerMs(1, 250), 1.2);
+    assert.equal(s.triggerMs(2, 250), 5);
   });
 
   it('ignores negative and NaN samples', () => {
