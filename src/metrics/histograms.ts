@@ -8,9 +8,9 @@
  * detaches its old ArrayBuffer: the first detach in a thread turns off V8's guarantee that no
  * buffer is ever detached, and from then on every typed-array read and write in optimized code
  * checks for it. The worker's byte loops (parsing each answer's head, laying out its header
- * lines) cost about 16-21% more instructions that way (bench/ir.sh, GET 1 KiB); and a value
- * recorded from JavaScript into the WebAssembly one cost more than the JavaScript one records it
- * (the call into the module). A request body does the same detach (uWS detaches each body
+ * lines) cost about 16-21% more instructions that way (bench/ir.sh, GET 1 KiB); and recording
+ * a value through the call into the module cost more than the JavaScript histogram's own
+ * recording. A request body does the same detach (uWS detaches each body
  * chunk's ArrayBuffer after its callback), so only a thread that has seen none keeps the
  * guarantee: a front door of GETs.
  */
