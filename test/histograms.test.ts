@@ -4,14 +4,86 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { NodeHistograms, mergeSummaries } from '../src/metrics/histograms.js';
+import hdr from 'hdr-histogram-js';
+import { NodeHistograms, countsIndex, mergeSummaries } from '../src/metrics/histograms.js';
 
 /** HDR with three significant digits: a value read back is within 0.1% of the one recorded. */
 function near(actual: number, expected: number, what: string): void {
   assert.ok(Math.abs(actual - expected) <= expected / 1000 + 1, `${what}: ${actual}, expected about ${expected}`);
 }
 
+/** hdr-histogram-js's own histogram with the workers' layout (1 us .. one minute, three digits). */
+function libraryHistogram(bits: 32 | 64): hdr.Histogram {
+  return hdr.build({ useWebAssembly: false, bitBucketSize: bits, lowestDiscernibleValue: 1, highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: 3, autoResize: false });
+}
+
+/** A small deterministic generator (xorshift32), so a failure can be run again. */
+function generator(seed: number): () => number {
+  let x = seed;
+  return () => {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    return (x >>> 0) / 2 ** 32;
+  };
+}
+
 describe('latency histograms', () => {
+  it("counts every value at the library's own index", () => {
+    const library = libraryHistogram(32) as unknown as { countsArrayIndex(value: number): number };
+    // Every value up to 2^17 (the exact cells and the first buckets), then every bucket's edges.
+    for (let us = 1; us <= 2 ** 17; us++) assert.equal(countsIndex(us), library.countsArrayIndex(us), `at ${us}`);
+    for (let p = 17; p < 26; p++) {
+      for (const us of [2 ** p - 1, 2 ** p, 2 ** p + 1, 3 * 2 ** (p - 1)]) assert.equal(countsIndex(us), library.countsArrayIndex(us), `at ${us}`);
+    }
+    assert.equal(countsIndex(60_000_000), library.countsArrayIndex(60_000_000));
+  });
+
+  it("encodes exactly what the library's own recording encodes, fractions and clamped values included", () => {
+    const random = generator(0x9e3779b9);
+    const ours = new NodeHistograms(1);
+    const theirs = libraryHistogram(32);
+    try {
+      for (let i = 0; i < 50_000; i++) {
+        // Log-uniform over 0.01 us .. 10^9 us: below, across and above the range.
+        const us = 10 ** (random() * 11 - 2);
+        ours.record(0, us);
+        theirs.recordValue(us < 1 ? 1 : us > 60_000_000 ? 60_000_000 : us);
+      }
+      assert.equal(ours.encode()[0], hdr.encodeIntoCompressedBase64(theirs));
+    } finally {
+      ours.destroy();
+      theirs.destroy();
+    }
+  });
+
+  it('merges counts past 2^32 a cell without wrapping', () => {
+    // A thread's encoding with 5 billion answers in one cell (months of a busy front door).
+    const big = libraryHistogram(64);
+    big.recordValueWithCount(500, 5e9);
+    const encoded = hdr.encodeIntoCompressedBase64(big);
+    big.destroy();
+    const [summary] = mergeSummaries([[encoded], [encoded]], 1);
+    assert.equal(summary!.count, 1e10);
+    near(summary!.p50, 500, 'p50');
+  });
+
+  it('encodes a cell counted past 2^32 in a worker', () => {
+    const h = new NodeHistograms(1);
+    try {
+      // 5 billion records would take minutes: the count is set as they would have left it.
+      (h as unknown as { counts: Float64Array }).counts[countsIndex(500)] = 5e9;
+      h.record(0, 500);
+      h.record(0, 9000);
+      const [summary] = mergeSummaries([h.encode()], 1);
+      assert.equal(summary!.count, 5e9 + 2);
+      near(summary!.p50, 500, 'p50');
+      near(summary!.max, 9000, 'max');
+    } finally {
+      h.destroy();
+    }
+  });
+
   it("merges two threads' histograms per node into percentiles of all their values", () => {
     const a = new NodeHistograms(2);
     const b = new NodeHistograms(2);

@@ -3,16 +3,15 @@
  * percentiles are computed off the request path by the control plane, which merges every
  * worker's encoded histograms on demand.
  *
- * The histograms are hdr-histogram-js's JavaScript ones (32-bit counts), not its WebAssembly
- * build. Building a WebAssembly histogram grows the module's memory, and growing a memory
- * detaches its old ArrayBuffer: the first detach in a thread turns off V8's guarantee that no
- * buffer is ever detached, and from then on every typed-array read and write in optimized code
- * checks for it. The worker's byte loops (parsing each answer's head, laying out its header
- * lines) cost about 16-21% more instructions that way (bench/ir.sh, GET 1 KiB); and recording
- * a value through the call into the module cost more than the JavaScript histogram's own
- * recording. A request body does the same detach (uWS detaches each body
- * chunk's ArrayBuffer after its callback), so only a thread that has seen none keeps the
- * guarantee: a front door of GETs.
+ * The workers count values in HDR's layout themselves (see NodeHistograms) and use
+ * hdr-histogram-js only to encode, and its JavaScript build, not its WebAssembly one. Building a
+ * WebAssembly histogram grows the module's memory, and growing a memory detaches its old
+ * ArrayBuffer: the first detach in a thread turns off V8's guarantee that no buffer is ever
+ * detached, and from then on every typed-array read and write in optimized code checks for it.
+ * The worker's byte loops (parsing each answer's head, laying out its header lines) cost about
+ * 16-21% more instructions that way (bench/ir.sh, GET 1 KiB). A request body does the same
+ * detach (uWS detaches each body chunk's ArrayBuffer after its callback), so only a thread that
+ * has seen none keeps the guarantee: a front door of GETs.
  */
 import hdr from 'hdr-histogram-js';
 
@@ -28,35 +27,94 @@ export interface LatencySummaryUs {
   max: number;
 }
 
-/** One histogram per node, owned by one thread. */
+/** The library's JavaScript histogram for these values, with 64-bit counts. */
+function build(): hdr.Histogram {
+  return hdr.build({ useWebAssembly: false, bitBucketSize: 64, lowestDiscernibleValue: 1, highestTrackableValue: HIGHEST_US, numberOfSignificantValueDigits: 3, autoResize: false });
+}
+
+/**
+ * HDR's layout for these histograms (1 us .. one minute, three significant digits), read from one
+ * the library built, so the index a value is counted at is the library's own: values below 2048
+ * counted one by one, then each power of two in 1,024 steps.
+ */
+const LAYOUT = build();
+const { subBucketHalfCountMagnitude: HALF_MAGNITUDE, subBucketHalfCount: HALF_COUNT, countsArrayLength: LENGTH, unitMagnitude: UNIT_MAGNITUDE } = LAYOUT as unknown as {
+  subBucketHalfCountMagnitude: number;
+  subBucketHalfCount: number;
+  countsArrayLength: number;
+  unitMagnitude: number;
+};
+LAYOUT.destroy();
+if (UNIT_MAGNITUDE !== 0 || HIGHEST_US >= 2 ** 31) throw new Error('histogram layout: whole microseconds below 2^31 expected');
+
+/** The counts index of `us` (a whole number, 1 .. HIGHEST_US), as hdr-histogram-js's countsArrayIndex computes it. */
+export function countsIndex(us: number): number {
+  const bucket = Math.max(31 - Math.clz32(us) - HALF_MAGNITUDE, 0);
+  return ((bucket + 1) << HALF_MAGNITUDE) + (us >>> bucket) - HALF_COUNT;
+}
+
+/** The lowest value counted at `index`: a value that the library counts there again. */
+function valueAt(index: number): number {
+  let bucket = (index >> HALF_MAGNITUDE) - 1;
+  let sub = (index & (HALF_COUNT - 1)) + HALF_COUNT;
+  if (bucket < 0) {
+    sub -= HALF_COUNT;
+    bucket = 0;
+  }
+  return sub * 2 ** bucket;
+}
+
+/**
+ * One histogram per node, owned by one thread. A value is counted in HDR's layout with integer
+ * arithmetic (hdr-histogram-js's own recording computes the index with two calls of Math.pow
+ * and one of Math.log2: about 700 instructions a request, bench/ir.sh); the library's histogram
+ * is filled from the counts only when /stats asks for the encoding, off the request path.
+ * Counts are doubles, exact to 2^53: 32-bit ones wrap to zero at 2^32 answers in one cell
+ * (months of a busy front door, its answers' times bunched), as the library's 32-bit histograms
+ * did, silently, and the control plane's merge of every thread's (it decodes into 64-bit ones).
+ */
 export class NodeHistograms {
-  private readonly histograms: hdr.Histogram[];
+  /** `LENGTH` counts per node, node after node. */
+  private readonly counts: Float64Array;
   private readonly dirty: Uint8Array;
+  /** Filled from `counts` to encode one node (made at the first encoding). */
+  private scratch: hdr.Histogram | null = null;
 
   constructor(nodeCount: number) {
-    this.histograms = [];
-    for (let i = 0; i < nodeCount; i++) {
-      this.histograms.push(
-        hdr.build({ useWebAssembly: false, bitBucketSize: 32, lowestDiscernibleValue: 1, highestTrackableValue: HIGHEST_US, numberOfSignificantValueDigits: 3, autoResize: false }),
-      );
-    }
+    this.counts = new Float64Array(nodeCount * LENGTH);
     this.dirty = new Uint8Array(nodeCount);
   }
 
   record(node: number, latencyUs: number): void {
-    const value = latencyUs < 1 ? 1 : latencyUs > HIGHEST_US ? HIGHEST_US : latencyUs;
-    this.histograms[node]!.recordValue(value);
+    // Clamped, then whole: the library counts a fraction where its whole part goes.
+    const us = latencyUs < 1 ? 1 : latencyUs > HIGHEST_US ? HIGHEST_US : Math.floor(latencyUs);
+    this.counts[node * LENGTH + countsIndex(us)]++;
     this.dirty[node] = 1;
   }
 
   /** Compressed base64 per node (null where nothing was recorded). */
   encode(): (string | null)[] {
-    return this.histograms.map((h, i) => (this.dirty[i] ? hdr.encodeIntoCompressedBase64(h) : null));
+    const out: (string | null)[] = [];
+    for (let n = 0; n < this.dirty.length; n++) {
+      if (this.dirty[n] === 0) {
+        out.push(null);
+        continue;
+      }
+      const h = (this.scratch ??= build());
+      h.reset();
+      const base = n * LENGTH;
+      for (let i = 0; i < LENGTH; i++) {
+        const count = this.counts[base + i]!;
+        if (count !== 0) h.recordValueWithCount(valueAt(i), count);
+      }
+      out.push(hdr.encodeIntoCompressedBase64(h));
+    }
+    return out;
   }
 
   destroy(): void {
-    for (const h of this.histograms) h.destroy();
-    this.histograms.length = 0;
+    this.scratch?.destroy();
+    this.scratch = null;
   }
 }
 
@@ -68,7 +126,7 @@ export function mergeSummaries(perThread: readonly (readonly (string | null)[])[
     for (const encoded of perThread) {
       const one = encoded[n];
       if (!one) continue;
-      const h = hdr.decodeFromCompressedBase64(one, 32, false);
+      const h = hdr.decodeFromCompressedBase64(one, 64, false);
       if (merged === null) merged = h;
       else merged.add(h);
     }
