@@ -57,6 +57,33 @@ describe('latency histograms', () => {
     }
   });
 
+  it('encodes each node from its own counts every time, and counts nothing for a value that is not a number', () => {
+    const ours = new NodeHistograms(2);
+    const first = libraryHistogram(32);
+    const second = libraryHistogram(32);
+    try {
+      // Node 0's cells, then node 1's (other cells, emptier), then node 0's again with more:
+      // each encoding must hold that node's counts only (one scratch histogram serves them all).
+      for (const us of [3, 3, 700, 2049.5, 90_000]) {
+        ours.record(0, us);
+        first.recordValue(us);
+      }
+      ours.record(1, 12);
+      ours.record(0, Number.NaN);
+      const [zero, one] = ours.encode();
+      assert.equal(zero, hdr.encodeIntoCompressedBase64(first));
+      second.recordValue(12);
+      assert.equal(one, hdr.encodeIntoCompressedBase64(second));
+      ours.record(0, 5);
+      first.recordValue(5);
+      assert.equal(ours.encode()[0], hdr.encodeIntoCompressedBase64(first));
+    } finally {
+      ours.destroy();
+      first.destroy();
+      second.destroy();
+    }
+  });
+
   it('merges counts past 2^32 a cell without wrapping', () => {
     // A thread's encoding with 5 billion answers in one cell (months of a busy front door).
     const big = libraryHistogram(64);
