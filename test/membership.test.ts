@@ -10,6 +10,8 @@ import { createServer as createHttpServer } from 'node:http';
 import { EtcdLeaderProbe } from '../src/membership/leader.js';
 import { Membership } from '../src/membership/membership.js';
 import { PollLoop } from '../src/membership/poll.js';
+import { TableWriter } from '../src/membership/table.js';
+import { Worker } from 'node:worker_threads';
 import { startNodes } from './fixtures/fake-node.js';
 
 /**
@@ -45,6 +47,48 @@ function firstRound(intervalMs: number): { loop: PollLoop; started: number[]; at
     },
   };
 }
+
+describe('membership table', () => {
+  it('a worker thread sees each publication: a new generation, then every row as published', { timeout: 30_000 }, async () => {
+    const writer = new TableWriter(3);
+    // The worker asks the generation between event-loop turns, as a front door does between
+    // requests, and reports each one it sees change with the rows it then reads.
+    const worker = new Worker(
+      `const { parentPort, workerData } = require('node:worker_threads');
+      import(workerData.module).then(({ TableReader }) => {
+        const reader = new TableReader(workerData.buffer);
+        const rows = Array.from({ length: reader.nodeCount }, () => ({ weight: 0, flags: 0, region: 0, cluster: 0 }));
+        let seen = reader.generation();
+        const look = () => {
+          const generation = reader.generation();
+          if (generation !== seen) {
+            seen = reader.read(rows);
+            parentPort.postMessage({ generation: seen, rows });
+            if (rows[0].weight === -1) return;
+          }
+          setImmediate(look);
+        };
+        parentPort.postMessage('ready');
+        look();
+      });`,
+      { eval: true, workerData: { buffer: writer.buffer, module: new URL('../src/membership/table.js', import.meta.url).href } },
+    );
+    try {
+      const [ready] = (await once(worker, 'message')) as [unknown];
+      assert.equal(ready, 'ready');
+      for (let round = 1; round <= 3; round++) {
+        const rows = [0, 1, 2].map((n) => ({ weight: round === 3 && n === 0 ? -1 : round + n / 10, flags: round, region: n - 1, cluster: n }));
+        writer.publish(rows);
+        const [seen] = (await once(worker, 'message')) as [{ generation: number; rows: unknown[] }];
+        assert.equal(seen.generation, writer.generation);
+        assert.equal(seen.generation, round * 2, 'two steps a publication (odd while writing)');
+        assert.deepEqual(seen.rows, rows);
+      }
+    } finally {
+      await worker.terminate();
+    }
+  });
+});
 
 describe('PollLoop', () => {
   beforeEach(() => mock.timers.enable({ apis: ['setTimeout'] }));
