@@ -1,6 +1,7 @@
 // The latency tail straight to a bench node and through Lakefront, under the hedging bench's load
 // (bench/hedging.ts: open loop, 2,000 req/s, boards over 1,024 keys). Build first (npm run build).
-//   node bench/tail-probe.mjs direct|lakefront [seconds] [stall-probability] [lakefront flags...]
+//   node bench/tail-probe.mjs direct|lakefront|floor [seconds] [stall-probability] [lakefront flags...]
+// (floor: bench/floor-proxy.ts at 2 threads, the least a uWS + Node proxy does, for the design's own tail)
 // e.g. `node bench/tail-probe.mjs direct 10 0`, `node bench/tail-probe.mjs lakefront 10 0 --hedge-mode off`.
 // Prints the client's p50/p99/p99.9 (microseconds); through Lakefront also each node's latency
 // from /stats (cumulative since start-up: a 2 s warm-up run first, but a short run still weighs
@@ -14,24 +15,28 @@ const upstream = await startUpstream({ stallMs: 50, stallP: Number(stallP) });
 let front = null;
 try {
   let url = `http://127.0.0.1:${upstream.ports[0]}`;
-  if (mode === 'lakefront') {
+  if (mode === 'lakefront' || mode === 'floor') {
     const nodes = upstream.ports.map((port, i) => `node-${i}=http://127.0.0.1:${port}`).join(',');
-    const args = flags.length > 0 ? flags : ['--hedge-mode', 'percentile'];
-    front = spawn(process.execPath, [new URL('../dist/src/cli.js', import.meta.url).pathname, '--nodes', nodes, '--port', '0', '--host', '127.0.0.1', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const args =
+      mode === 'floor'
+        ? [new URL('../dist/bench/floor-proxy.js', import.meta.url).pathname, '--nodes', nodes, '--port', '0', '--threads', '2']
+        : [new URL('../dist/src/cli.js', import.meta.url).pathname, '--nodes', nodes, '--port', '0', '--host', '127.0.0.1', ...(flags.length > 0 ? flags : ['--hedge-mode', 'percentile'])];
+    front = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     front.stdout.on('data', (d) => (out += d));
     front.stderr.on('data', (d) => (out += d));
-    for (let i = 0; i < 100 && !/http:\/\/127\.0\.0\.1:\d+/.test(out); i++) await new Promise((resolve) => setTimeout(resolve, 100));
-    const found = out.match(/http:\/\/127\.0\.0\.1:\d+/);
-    if (found === null) throw new Error(`lakefront did not start: ${out}`);
-    url = found[0];
-  } else if (mode !== 'direct') throw new Error(`mode: direct or lakefront, not ${mode}`);
+    const started = () => out.match(/http:\/\/127\.0\.0\.1:\d+/)?.[0] ?? out.match(/"port":(\d+)/)?.[1];
+    for (let i = 0; i < 100 && started() === undefined; i++) await new Promise((resolve) => setTimeout(resolve, 100));
+    const found = started();
+    if (found === undefined) throw new Error(`${mode} did not start: ${out}`);
+    url = found.startsWith('http') ? found : `http://127.0.0.1:${found}`;
+  } else if (mode !== 'direct') throw new Error(`mode: direct, lakefront or floor, not ${mode}`);
   const boards = Array.from({ length: 1024 }, (_, i) => `board-${(i * 7919) % 100_003}`);
   const load = (secs) => openLoop(url, { rate: 2000, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length] }) });
   await load(2);
   const result = await load(Number(seconds));
   console.log(`${mode} ${flags.join(' ')}, stalls ${stallP}: client p50 ${result.p50Us} us, p99 ${result.p99Us} us, p99.9 ${result.p999Us} us`);
-  if (front !== null) {
+  if (mode === 'lakefront') {
     const stats = await (await fetch(`${url}/stats`)).json();
     for (const [id, node] of Object.entries(stats.nodes)) console.log(`  ${id}: ${JSON.stringify(node.latencyUs)}`);
   }
