@@ -1464,6 +1464,35 @@ describe('front door: reload', () => {
     }
   });
 
+  it('sends every connection made once the reload has resolved to the new configuration', async () => {
+    const [old, fresh] = await startNodes('ru-old', 'ru-fresh');
+    const door = await FrontDoor.start(configOver([old!], 1));
+    let next: FrontDoor | null = null;
+    try {
+      // Old workers with connections of their own, as a front door in use has.
+      for (let i = 0; i < 4; i++) assert.equal((await rpc(door.url, 'query.execute', `ru-${i}`)).headers['x-lakefront-served-by'], 'ru-old');
+      next = await door.reload(configOver([fresh!], 1));
+      // At once, twenty new connections side by side (raw sockets: a client's pool would reuse the
+      // connections above, which the old workers still answer on): none may land on an old worker,
+      // which would answer from the old configuration. One the kernel had queued on an old
+      // worker's socket as it closed is reset (README, reload): such a read is tried again.
+      const { port } = new URL(next.url);
+      const ask = async (i: number): Promise<string> => {
+        const text = await rawExchange(next!.url, `GET /rpc/query.execute HTTP/1.1\r\nhost: 127.0.0.1:${port}\r\nx-lakefront-board: ru-after-${i}\r\nconnection: close\r\n\r\n`);
+        const servedBy = /x-lakefront-served-by: ([^\r]*)/i.exec(text)?.[1];
+        if (servedBy === undefined) throw new Error(`no answer: ${JSON.stringify(text)}`);
+        return servedBy;
+      };
+      const servedBy = await Promise.all(Array.from({ length: 20 }, (_, i) => ask(i).catch(() => ask(i))));
+      assert.deepEqual(new Set(servedBy), new Set(['ru-fresh']));
+      await door.drained;
+    } finally {
+      await door.stop();
+      await next?.stop();
+      await Promise.all([old!.stop(), fresh!.stop()]);
+    }
+  });
+
   it('counts on in /stats across reloads: requests, and each node by id (also a node left out of one configuration and back in the next)', async () => {
     const [slow, other] = await startNodes('rs-slow', 'rs-other');
     // Slow enough that the reload and a /stats come well within it.

@@ -78,6 +78,8 @@ port.on('message', (message: MainMessage) => {
       send({ t: 'hints-adopted' });
       break;
     case 'drain':
+      // drain() closes the listening socket before anything asynchronous: said at once, so that
+      // a reload resolves only once no new connection can reach this worker.
       running.drain(message.keepHints, message.lingerTunnels).then(({ abandoned, hints }) => {
         send({ t: 'drained', abandoned, hints });
         // Let the message flush before the thread ends; counts made since the drain's own flush
@@ -87,6 +89,7 @@ port.on('message', (message: MainMessage) => {
           process.exit(0);
         });
       }, die);
+      send({ t: 'unlistened' });
       break;
     case 'close-now':
       running.emergencyClose();

@@ -213,6 +213,8 @@ export type WorkerMessage =
   | { readonly t: 'node-failing'; readonly node: number; readonly failures: number; readonly code: string }
   /** A write pinned to the cluster's published leader could not connect to it. */
   | { readonly t: 'leader-failed'; readonly node: number }
+  /** Its drain has begun and its listening socket is closed: no new connection reaches it. */
+  | { readonly t: 'unlistened' }
   | { readonly t: 'drained'; readonly abandoned: number; readonly hints: readonly SavedHint[] }
   /** The hints of an `adopt-hints` message are this worker's now (counted in its row). */
   | { readonly t: 'hints-adopted' };

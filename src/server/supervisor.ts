@@ -108,6 +108,8 @@ let nextDoorId = 1;
 
 /** How long past `drainTimeoutMs` a draining worker has to close its pools and end. */
 const STUCK_GRACE_MS = 5_000;
+/** How long a reload waits for the old workers to close their listening sockets (a stuck one never says it has). */
+const UNLISTEN_WAIT_MS = 1_000;
 /** How long the control plane waits for workers' histograms when answering `/stats`. */
 const COLLECT_TIMEOUT_MS = 1_000;
 /** How long `/stats` waits for a draining predecessor's workers to flush their counts. */
@@ -142,6 +144,8 @@ interface WorkerHandle {
   deaths: number[];
   /** What its drain's `drained` message said. */
   drained?: { readonly abandoned: number; readonly hints: number };
+  /** Called when its drain has closed its listening socket (`unlistened`). */
+  unlistened?: () => void;
 }
 
 interface Collection {
@@ -183,6 +187,8 @@ export class FrontDoor extends EventEmitter {
   private readonly collections = new Map<number, Collection>();
   private nextCollectionId = 1;
   private stopping: Promise<void> | null = null;
+  /** Once a drain has begun: settles when every worker has closed its listening socket (or exited, or said nothing for UNLISTEN_WAIT_MS). */
+  private listenClosed: Promise<void> = Promise.resolve();
   /** Added to each worker's slot in its version stamps (replicated routes): see VersionClock. */
   private readonly versionSalt = Math.floor(Math.random() * 1000);
   /** Hints read from the hints file, by the worker slot to take them (until it listens). */
@@ -399,7 +405,8 @@ export class FrontDoor extends EventEmitter {
    * accepting, finishes what it has in flight, lets its WebSocket tunnels run on until they close
    * or the drain's deadline, polling health meanwhile, then closes its connections) and its
    * replicated routes' pending hints go to the new one. The new one's stop closes those tunnels at
-   * once. Resolves with the new front door once it serves; the drain goes on behind it
+   * once. Resolves with the new front door once it serves and this one's workers have closed
+   * their listening sockets (at most UNLISTEN_WAIT_MS for one stuck in JavaScript); the drain goes on behind it
    * (`drained`, which rejects if a worker is stuck).
    *
    * Rejects, changing nothing, if `config` is unusable: another host or port (0 keeps the port),
@@ -477,6 +484,9 @@ export class FrontDoor extends EventEmitter {
     this.drained = handover;
     // Rejected when a worker is stuck: whoever awaits `drained` hears of it, nobody else must.
     handover.catch(() => undefined);
+    // Resolved once this one's workers accept no more: a connection made after it reaches the
+    // new configuration (before, an old worker could still take it and answer from the old one).
+    await this.listenClosed;
     return next;
   }
 
@@ -855,10 +865,23 @@ export class FrontDoor extends EventEmitter {
     }
     const deadlineMs = this.config.settings.drainTimeoutMs + STUCK_GRACE_MS;
     const stuck: number[] = [];
+    const unlistened: Promise<void>[] = [];
     const exits = [...this.workers.values()].map(
       (handle) =>
         new Promise<void>((resolve) => {
           const worker = handle.worker;
+          unlistened.push(
+            new Promise<void>((closed) => {
+              if (worker.threadId < 0) return closed();
+              // A worker stuck in JavaScript never says so: its socket is not waited for longer.
+              const bound = setTimeout(closed, UNLISTEN_WAIT_MS).unref();
+              handle.unlistened = () => {
+                clearTimeout(bound);
+                closed();
+              };
+              worker.once('exit', handle.unlistened);
+            }),
+          );
           if (worker.threadId < 0) return resolve();
           const grace = setTimeout(() => {
             stuck.push(handle.slot);
@@ -871,6 +894,7 @@ export class FrontDoor extends EventEmitter {
           this.post(worker, { t: 'drain', keepHints: Boolean(this.config.hintsFile) || this.successor !== null, lingerTunnels: handingOver });
         }),
     );
+    this.listenClosed = Promise.all(unlistened).then(() => undefined);
     await Promise.all(exits);
     this.stopPolling();
     // A predecessor still draining into this one hands its hints over first: they are saved (or
@@ -1092,6 +1116,9 @@ export class FrontDoor extends EventEmitter {
       case 'hints-adopted':
         this.postedHints.get(handle.slot)?.shift();
         this.countHeld();
+        break;
+      case 'unlistened':
+        handle.unlistened?.();
         break;
       case 'drained':
         // Pending in the worker's slot until here; pending with this front door from here.
