@@ -203,6 +203,27 @@ describe('hybrid', () => {
     assert.equal(p.ejectedNow(2), false, 'under 1.5x it rejoins');
   });
 
+  it('lets an ejected member back only on a read of its own, not because the others slowed down', () => {
+    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1], 0));
+    for (let i = 0; i < 10; i++) {
+      p.observe(0, 1, true, OP_READ);
+      p.observe(1, 1, true, OP_READ);
+      p.observe(2, 8, true, OP_READ);
+    }
+    assert.equal(p.ejectedNow(2), true);
+    // The others turn slow (a busy moment): the median moves to where 8 ms is well under the
+    // rejoin line (0.75 x 2 x 12 = 18 ms), but member 2 has answered nothing new.
+    for (let i = 0; i < 10; i++) {
+      p.observe(0, 12, true, OP_READ);
+      p.observe(1, 12, true, OP_READ);
+    }
+    assert.equal(p.ejectedNow(2), true, 'no read of its own: still out');
+    // Its next read (a probe) finds it under the line: it rejoins.
+    p.observe(2, 8, true, OP_READ);
+    assert.equal(p.ejectedNow(2), false);
+  });
+
   it('ignores write latencies when judging the read pool', () => {
     const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
     p.update(view([1, 1, 1], 0));

@@ -142,7 +142,7 @@ export class HybridPolicy implements Policy {
     const sample = ok ? latencyMs : Math.max(FAILURE_PENALTY_MS, latencyMs, Number.isNaN(previous) ? 0 : previous * 2);
     this.readEwmaMs[node] = Number.isNaN(previous) ? sample : this.settings.ewmaAlpha * sample + (1 - this.settings.ewmaAlpha) * previous;
     this.readSamples[node]!++;
-    this.judge();
+    this.judge(node);
   }
 
   leaderUnreachable(node: number): void {
@@ -150,7 +150,8 @@ export class HybridPolicy implements Policy {
   }
 
   /** Recomputes the read pool: out goes every member above rho times the median EWMA. */
-  private judge(): void {
+  /** `observed`: the member whose read was just counted (-1 for none: a membership change). */
+  private judge(observed = -1): void {
     this.judgements++;
     const limit = this.limit(-1);
     let changed = false;
@@ -159,7 +160,10 @@ export class HybridPolicy implements Policy {
       const judged = this.readSamples[node]! >= MIN_SAMPLES;
       // Hysteresis: out above rho x median, back in only below REJOIN x that. Without it a
       // member near the line flaps in and out, taking a third of the reads each time it is in.
-      const out = judged && (this.isEjected[node] === 1 ? ewma > limit * REJOIN : ewma > limit) ? 1 : 0;
+      // An ejected member comes back only on a read of its own (a probe) under that line: not
+      // because another member's slow read moved the median up for a moment (on a noisy
+      // machine a slow follower then came back, for a third of the reads, again and again).
+      const out = judged && (this.isEjected[node] === 1 ? node !== observed || ewma > limit * REJOIN : ewma > limit) ? 1 : 0;
       if (this.isEjected[node] !== out) {
         this.isEjected[node] = out;
         changed = true;
