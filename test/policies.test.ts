@@ -110,6 +110,18 @@ describe('boltzmann', () => {
   });
 });
 
+/** A hybrid policy over three members, member 0 the leader, after ten reads each: 1 and 1.2 ms, and `slowMs` for member 2. */
+function withOutlier(slowMs: number): HybridPolicy {
+  const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+  p.update(view([1, 1, 1], 0));
+  for (let i = 0; i < 10; i++) {
+    p.observe(0, 1, true, OP_READ);
+    p.observe(1, 1.2, true, OP_READ);
+    p.observe(2, slowMs, true, OP_READ);
+  }
+  return p;
+}
+
 describe('hybrid', () => {
   it('sends every write to the leader, with the others as fallback order', () => {
     const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
@@ -141,13 +153,7 @@ describe('hybrid', () => {
   });
 
   it('ejects a read outlier (EWMA above rho x median), keeps a probe share, and takes it back', () => {
-    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
-    p.update(view([1, 1, 1], 0));
-    for (let i = 0; i < 10; i++) {
-      p.observe(0, 1, true, OP_READ);
-      p.observe(1, 1.2, true, OP_READ);
-      p.observe(2, 9, true, OP_READ);
-    }
+    const p = withOutlier(9);
     assert.equal(p.ejectedNow(2), true);
     assert.equal(p.ejectedNow(0), false);
     const counts = primaries(p, OP_READ, 40_000);
@@ -204,16 +210,10 @@ describe('hybrid', () => {
   });
 
   it('lets an ejected member back only on a read of its own, not because the others slowed down', () => {
-    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
-    p.update(view([1, 1, 1], 0));
-    for (let i = 0; i < 10; i++) {
-      p.observe(0, 1, true, OP_READ);
-      p.observe(1, 1, true, OP_READ);
-      p.observe(2, 8, true, OP_READ);
-    }
+    const p = withOutlier(8);
     assert.equal(p.ejectedNow(2), true);
     // The others turn slow (a busy moment): the median moves to where 8 ms is well under the
-    // rejoin line (0.75 x 2 x 12 = 18 ms), but member 2 has answered nothing new.
+    // rejoin line (about 0.75 x 2 x 12 = 18 ms), but member 2 has answered nothing new.
     for (let i = 0; i < 10; i++) {
       p.observe(0, 12, true, OP_READ);
       p.observe(1, 12, true, OP_READ);
