@@ -4,8 +4,9 @@
  * - Writes go to the leader the control plane published; with no leader known (or after a write
  *   to it could not connect) they fall back to round robin until a leader is published again.
  * - Reads go round robin over the healthy read pool. A member whose read EWMA (alpha 0.3)
- *   exceeds rho (2) times the median EWMA of the routable members leaves the read pool until it
- *   is back under 0.75 x that limit (hysteresis, so a member near the line does not flap); a
+ *   exceeds rho (2) times the median EWMA of the routable members leaves the read pool until a
+ *   read of its own finds it back under 0.75 x that limit (hysteresis, so a member near the line
+ *   does not flap, and the others' slow reads do not bring it back); a
  *   small probe share of reads (0.5%) still reaches ejected members, so their EWMA can recover
  *   and they can return. A member that was down (out of the routable set) is judged anew when it
  *   comes back.
@@ -149,8 +150,10 @@ export class HybridPolicy implements Policy {
     if (node === this.leader) this.leaderSuspect = true;
   }
 
-  /** Recomputes the read pool: out goes every member above rho times the median EWMA. */
-  /** `observed`: the member whose read was just counted (-1 for none: a membership change). */
+  /**
+   * Recomputes the read pool: out goes every member above rho times the median EWMA. `observed`:
+   * the member whose read was just counted (-1 for none: a membership change).
+   */
   private judge(observed = -1): void {
     this.judgements++;
     const limit = this.limit(-1);
