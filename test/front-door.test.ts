@@ -1350,6 +1350,16 @@ function readSysctl(path: string): string | null {
   }
 }
 
+/**
+ * A read on a new connection of its own (a raw socket: a client's pool would reuse a kept-alive
+ * one): which node answered it, or undefined when nothing came (a reset).
+ */
+async function servedByOnNewConnection(url: string, board: string): Promise<string | undefined> {
+  const { host } = new URL(url);
+  const text = await rawExchange(url, `GET /rpc/query.execute HTTP/1.1\r\nhost: ${host}\r\nx-lakefront-board: ${board}\r\nconnection: close\r\n\r\n`);
+  return /x-lakefront-served-by: ([^\r]*)/i.exec(text)?.[1];
+}
+
 describe('front door: reload', () => {
   function configOver(members: readonly FakeNode[], threads = 2): FrontDoorConfig {
     return {
@@ -1451,9 +1461,7 @@ describe('front door: reload', () => {
       // on (the in-flight request's, if its answer came while the new workers started). (A
       // connection the kernel queued on an old worker's listening socket as it closed is reset
       // unless net.ipv4.tcp_migrate_req is 1: README, reload: no answer, and the read is tried again.)
-      const { port } = new URL(next.url);
-      const after = async (): Promise<string | undefined> =>
-        /x-lakefront-served-by: ([^\r]*)/i.exec(await rawExchange(next!.url, `GET /rpc/query.execute HTTP/1.1\r\nhost: 127.0.0.1:${port}\r\nx-lakefront-board: after\r\nconnection: close\r\n\r\n`))?.[1];
+      const after = (): Promise<string | undefined> => servedByOnNewConnection(next!.url, 'after');
       assert.equal((await after()) ?? (await after()), 'rl-fresh');
       const reply = await pending;
       assert.equal(reply.status, 200);
@@ -1479,14 +1487,8 @@ describe('front door: reload', () => {
       // connections above, which the old workers still answer on): none may land on an old worker,
       // which would answer from the old configuration. One the kernel had queued on an old
       // worker's socket as it closed is reset (README, reload): such a read is tried again.
-      const { port } = new URL(next.url);
-      const ask = async (i: number): Promise<string> => {
-        const text = await rawExchange(next!.url, `GET /rpc/query.execute HTTP/1.1\r\nhost: 127.0.0.1:${port}\r\nx-lakefront-board: ru-after-${i}\r\nconnection: close\r\n\r\n`);
-        const servedBy = /x-lakefront-served-by: ([^\r]*)/i.exec(text)?.[1];
-        if (servedBy === undefined) throw new Error(`no answer: ${JSON.stringify(text)}`);
-        return servedBy;
-      };
-      const servedBy = await Promise.all(Array.from({ length: 20 }, (_, i) => ask(i).catch(() => ask(i))));
+      const ask = (i: number): Promise<string | undefined> => servedByOnNewConnection(next!.url, `ru-after-${i}`);
+      const servedBy = await Promise.all(Array.from({ length: 20 }, async (_, i) => (await ask(i)) ?? (await ask(i))));
       assert.deepEqual(new Set(servedBy), new Set(['ru-fresh']));
       await door.drained;
     } finally {
