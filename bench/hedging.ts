@@ -12,7 +12,7 @@
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { startLakefront, startUpstream, type Contender, type Upstream } from './lib/contenders.js';
-import { openLoop, type OpenLoopResult } from './lib/openloop.js';
+import { openLoop, spreadBoards, type OpenLoopResult } from './lib/openloop.js';
 import { ROOT, pause } from './lib/procs.js';
 import { fmt, machine, median, spread, table, updateSection, writeResult } from './lib/report.js';
 
@@ -78,7 +78,7 @@ async function main(): Promise<void> {
       const extra = values.extra!.split(' ').filter(Boolean);
       contenders.push({ name: mode.name, c: await startLakefront(upstream, { threads: 2, extraArgs: [...mode.args, ...extra], name: mode.name }) });
     }
-    const boards = Array.from({ length: 1024 }, (_, i) => `board-${(i * 7919) % 100_003}`);
+    const boards = spreadBoards();
     const load = (url: string, secs: number): Promise<OpenLoopResult> =>
       openLoop(url, { rate, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length]! }) });
     for (const { c } of contenders) await load(c.url, 2);

@@ -10,7 +10,7 @@ import { spawn } from 'node:child_process';
 
 const [mode = 'lakefront', seconds = '10', stallP = '0.02', ...flags] = process.argv.slice(2);
 const { startUpstream } = await import('../dist/bench/lib/contenders.js');
-const { openLoop } = await import('../dist/bench/lib/openloop.js');
+const { openLoop, spreadBoards } = await import('../dist/bench/lib/openloop.js');
 const upstream = await startUpstream({ stallMs: 50, stallP: Number(stallP) });
 let front = null;
 try {
@@ -31,7 +31,7 @@ try {
     if (found === undefined) throw new Error(`${mode} did not start: ${out}`);
     url = found.startsWith('http') ? found : `http://127.0.0.1:${found}`;
   } else if (mode !== 'direct') throw new Error(`mode: direct, lakefront or floor, not ${mode}`);
-  const boards = Array.from({ length: 1024 }, (_, i) => `board-${(i * 7919) % 100_003}`);
+  const boards = spreadBoards();
   const load = (secs) => openLoop(url, { rate: 2000, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length] }) });
   await load(2);
   const result = await load(Number(seconds));

@@ -77,3 +77,8 @@ export async function openLoop(url: string, options: OpenLoopOptions): Promise<O
     maxUs: histogram.maxValue,
   };
 }
+
+/** The hedging bench's boards: 1,024 keys spread over the ranking (bench/hedging.ts, bench/tail-probe.mjs). */
+export function spreadBoards(): string[] {
+  return Array.from({ length: 1024 }, (_, i) => `board-${(i * 7919) % 100_003}`);
+}
