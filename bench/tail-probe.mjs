@@ -6,6 +6,10 @@
 // Prints the client's p50/p99/p99.9 (microseconds); through Lakefront also each node's latency
 // from /stats (cumulative since start-up: a 2 s warm-up run first, but a short run still weighs
 // the first seconds heavily).
+// Environment: TAIL_NODE_FLAGS, node flags for the front's process alone (e.g. "--trace-gc");
+// TAIL_FRONT_OUT=1 prints what the front wrote (its GC trace, say) after the figures;
+// TAIL_TIMELINE=MS prints, for each MS-millisecond stretch of the measured run that had one, how
+// many requests took over 5 ms and the slowest (when the slow ones came: together, or spread).
 import { spawn } from 'node:child_process';
 
 const [mode = 'lakefront', seconds = '10', stallP = '0.02', ...flags] = process.argv.slice(2);
@@ -13,6 +17,7 @@ const { startUpstream } = await import('../dist/bench/lib/contenders.js');
 const { openLoop, spreadBoards } = await import('../dist/bench/lib/openloop.js');
 const upstream = await startUpstream({ stallMs: 50, stallP: Number(stallP) });
 let front = null;
+let out = '';
 try {
   let url = `http://127.0.0.1:${upstream.ports[0]}`;
   if (mode === 'lakefront' || mode === 'floor') {
@@ -21,8 +26,9 @@ try {
       mode === 'floor'
         ? [new URL('../dist/bench/floor-proxy.js', import.meta.url).pathname, '--nodes', nodes, '--port', '0', '--threads', '2']
         : [new URL('../dist/src/cli.js', import.meta.url).pathname, '--nodes', nodes, '--port', '0', '--host', '127.0.0.1', ...(flags.length > 0 ? flags : ['--hedge-mode', 'percentile'])];
-    front = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '';
+    const nodeFlags = (process.env.TAIL_NODE_FLAGS ?? '').split(' ').filter((f) => f !== '');
+    front = spawn(process.execPath, [...nodeFlags, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    out = '';
     front.stdout.on('data', (d) => (out += d));
     front.stderr.on('data', (d) => (out += d));
     const started = () => out.match(/http:\/\/127\.0\.0\.1:\d+/)?.[0] ?? out.match(/"port":(\d+)/)?.[1];
@@ -32,14 +38,33 @@ try {
     url = found.startsWith('http') ? found : `http://127.0.0.1:${found}`;
   } else if (mode !== 'direct') throw new Error(`mode: direct, lakefront or floor, not ${mode}`);
   const boards = spreadBoards();
-  const load = (secs) => openLoop(url, { rate: 2000, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length] }) });
+  const load = (secs, onLatency) => openLoop(url, { rate: 2000, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length] }), onLatency });
   await load(2);
-  const result = await load(Number(seconds));
+  const stretchMs = Number(process.env.TAIL_TIMELINE ?? 0);
+  const stretches = new Map();
+  const result = await load(
+    Number(seconds),
+    stretchMs > 0
+      ? (dueMs, us) => {
+          if (us <= 5000) return;
+          const at = Math.floor(dueMs / stretchMs);
+          const s = stretches.get(at) ?? { slow: 0, max: 0 };
+          s.slow++;
+          s.max = Math.max(s.max, us);
+          stretches.set(at, s);
+        }
+      : undefined,
+  );
   console.log(`${mode} ${flags.join(' ')}, stalls ${stallP}: client p50 ${result.p50Us} us, p99 ${result.p99Us} us, p99.9 ${result.p999Us} us`);
   if (mode === 'lakefront') {
     const stats = await (await fetch(`${url}/stats`)).json();
     for (const [id, node] of Object.entries(stats.nodes)) console.log(`  ${id}: ${JSON.stringify(node.latencyUs)}`);
   }
+  if (stretchMs > 0) {
+    const rows = [...stretches.entries()].sort((a, b) => a[0] - b[0]);
+    console.log(`over 5 ms, by ${stretchMs} ms stretch (start ms: count, slowest us): ${rows.map(([at, s]) => `${at * stretchMs}: ${s.slow}, ${s.max}`).join('; ')}`);
+  }
+  if (process.env.TAIL_FRONT_OUT === '1') console.log(out);
 } finally {
   front?.kill('SIGTERM');
   await upstream.proc.stop();

@@ -21,6 +21,8 @@ export interface OpenLoopOptions {
   readonly body?: string;
   /** Client connections (enough that a request never waits for one). Default 256. */
   readonly connections?: number;
+  /** Told each request's latency (microseconds) and when it was due (ms after the start): a timeline. */
+  readonly onLatency?: (dueMs: number, us: number) => void;
 }
 
 export interface OpenLoopResult {
@@ -55,7 +57,9 @@ export async function openLoop(url: string, options: OpenLoopOptions): Promise<O
         })
         .catch(() => failed++)
         .finally(() => {
-          histogram.recordValue(Math.max(1, Math.round((performance.now() - due) * 1000)));
+          const us = Math.max(1, Math.round((performance.now() - due) * 1000));
+          histogram.recordValue(us);
+          options.onLatency?.(due - start, us);
           if (++settled === total) resolve();
         });
     };
