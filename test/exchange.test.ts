@@ -5,7 +5,6 @@ import { ErrorCodes } from '../src/errors.js';
 import { performance } from 'node:perf_hooks';
 import { HedgeBudget, WAIT_CAPACITY } from '../src/forward/budget.js';
 import { Exchange, retryAfterSeconds, type ExchangeDriver } from '../src/forward/exchange.js';
-import { HedgeClock } from '../src/forward/hedge-clock.js';
 import { HeaderFields } from '../src/forward/fields.js';
 
 interface Started {
@@ -26,8 +25,6 @@ class ScriptedDriver extends EventEmitter implements ExchangeDriver {
   };
   settledWith: Exchange | null = null;
   denied = 0;
-  /** A clock of its own: no trigger a test left armed reaches another. */
-  readonly hedgeClock = new HedgeClock();
   /** What the hedge budget answers. */
   budgetAllows = true;
   allowHedge(_fromList: boolean): boolean {
@@ -113,9 +110,7 @@ describe('Exchange', () => {
     const driver = new ScriptedDriver(1_000);
     const ex = exchangeOver(driver, [2, 0, 1], true);
     ex.begin();
-    assert.equal(driver.hedgeClock.waiting, 1, 'its hedge trigger is armed');
     ex.answered(0, 200, null, body, 3);
-    assert.equal(driver.hedgeClock.waiting, 0, 'and let go once it is answered');
     assert.equal(ex.servedBy, 2);
     assert.equal(ex.hedged, false);
     assert.deepEqual(driver.started.map((s) => s.node), [2]);
@@ -123,13 +118,13 @@ describe('Exchange', () => {
   });
 
   it('hedges to the runner-up when the primary is late; the hedge wins and the primary is aborted', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(5);
     const ex = exchangeOver(driver, [1, 2, 0], true);
     ex.begin();
-    tick(4);
+    t.mock.timers.tick(4);
     assert.equal(driver.started.length, 1, 'not before the trigger');
-    tick(1);
+    t.mock.timers.tick(1);
     const hedge = driver.started[1]!;
     assert.equal(hedge.node, 2);
     assert.equal(ex.hedged, true);
@@ -144,11 +139,11 @@ describe('Exchange', () => {
   });
 
   it('when the primary beats its own hedge, the hedge is aborted and is no win', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(5);
     const ex = exchangeOver(driver, [0, 1], true);
     ex.begin();
-    tick(5);
+    t.mock.timers.tick(5);
     ex.answered(0, 200, null, body, 7);
     assert.equal(ex.servedBy, 0);
     assert.equal(driver.started[1]!.aborted, true);
@@ -173,13 +168,13 @@ describe('Exchange', () => {
   });
 
   it('with no list to wait on (the budget has shrunk), a hedge the budget refuses is denied at its trigger', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(5);
     driver.budgetAllows = false;
     driver.hedgeMayWait = () => false;
     const ex = exchangeOver(driver, [0, 1], true);
     ex.begin();
-    tick(5);
+    t.mock.timers.tick(5);
     assert.deepEqual(driver.waits, []);
     assert.equal(driver.started.length, 1);
     assert.equal(driver.denied, 0, 'counted when it settles');
@@ -188,13 +183,13 @@ describe('Exchange', () => {
   });
 
   it('arms no hedge while the budget holds no token', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(5);
     driver.affordable = false;
     const ex = exchangeOver(driver, [0, 1], true);
     const before = performance.now();
     ex.begin();
-    tick(1_000);
+    t.mock.timers.tick(1_000);
     assert.equal(driver.started.length, 1);
     assert.equal(driver.denied, 0, 'nothing was due: no timer was set');
     assert.equal(ex.hedged, false);
@@ -207,22 +202,22 @@ describe('Exchange', () => {
   });
 
   it('fires at most one hedge', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(2);
     const ex = exchangeOver(driver, [0, 1, 2, 3], true);
     ex.begin();
-    tick(2);
-    tick(1_000);
+    t.mock.timers.tick(2);
+    t.mock.timers.tick(1_000);
     assert.equal(driver.started.length, 2);
     ex.answered(1, 200, null, body, 1);
   });
 
   it('a bare write gets one attempt: no hedge however slow, and a failure is reported as unknown', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(1);
     const ex = exchangeOver(driver, [0, 1, 2], false);
     ex.begin();
-    tick(60_000);
+    t.mock.timers.tick(60_000);
     assert.equal(driver.started.length, 1);
     ex.failed(0, new Error('ECONNRESET'));
     assert.equal(driver.started.length, 1, 'never failed over');
@@ -263,7 +258,6 @@ describe('Exchange', () => {
     assert.equal(ex.failure?.code, ErrorCodes.ALL_CANDIDATES_FAILED);
     assert.equal(ex.failure?.status, 502);
     assert.equal(driver.tally.failovers, 3);
-    assert.equal(driver.hedgeClock.waiting, 0, 'each failover moved the one trigger; failing let it go');
   });
 
   it('a retryable request every node failed, some of them shedding load (503 with a Retry-After), is answered 503 with the soonest one', () => {
@@ -313,11 +307,11 @@ describe('Exchange', () => {
   });
 
   it('does not fail over while a hedge is still racing', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(2);
     const ex = exchangeOver(driver, [0, 1, 2], true);
     ex.begin();
-    tick(2);
+    t.mock.timers.tick(2);
     ex.failed(0, new Error('reset'));
     assert.equal(driver.started.length, 2, 'waits for the running hedge');
     ex.answered(1, 200, null, body, 2);
@@ -326,11 +320,11 @@ describe('Exchange', () => {
   });
 
   it('fails over at once when the hedge fails while the primary it raced hangs', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(2);
     const ex = exchangeOver(driver, [0, 1, 2, 3], true);
     ex.begin();
-    tick(2);
+    t.mock.timers.tick(2);
     assert.equal(driver.started.length, 2, 'hedged');
     // The hedge fails; the primary, already past its trigger, is still running.
     ex.failed(1, new Error('reset'));
@@ -349,16 +343,16 @@ describe('Exchange', () => {
   });
 
   it('re-arms the hedge clock for the node that takes over after a failover', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(10);
     const ex = exchangeOver(driver, [0, 1, 2], true);
     ex.begin();
-    tick(6);
+    t.mock.timers.tick(6);
     ex.failed(0, new Error('reset'));
     assert.deepEqual(driver.started.map((s) => s.node), [0, 1]);
-    tick(9);
+    t.mock.timers.tick(9);
     assert.equal(driver.started.length, 2, 'the old clock was cleared');
-    tick(1);
+    t.mock.timers.tick(1);
     assert.deepEqual(driver.started.map((s) => s.node), [0, 1, 2]);
     assert.equal(ex.hedged, true);
     ex.answered(2, 200, null, body, 1);
@@ -368,11 +362,11 @@ describe('Exchange', () => {
   });
 
   it('an answer from a failover attempt is no hedge win', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(10);
     const ex = exchangeOver(driver, [0, 1, 2], true);
     ex.begin();
-    tick(10);
+    t.mock.timers.tick(10);
     assert.equal(ex.hedged, true, 'hedged to node 1');
     ex.failed(1, new Error('reset'));
     ex.failed(0, new Error('reset'));
@@ -383,11 +377,11 @@ describe('Exchange', () => {
   });
 
   it('cancel aborts every attempt and settles nothing', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const driver = new ScriptedDriver(2);
     const ex = exchangeOver(driver, [0, 1], true);
     ex.begin();
-    tick(2);
+    t.mock.timers.tick(2);
     ex.cancel();
     assert.ok(driver.started.every((s) => s.aborted));
     ex.answered(0, 200, null, body, 1);
@@ -659,7 +653,7 @@ describe('waiting for the hedge budget', () => {
   });
 
   it('after a failover the hedge waits for the new primary, not the old trigger', (t) => {
-    const tick = fakeClock(t);
+    t.mock.timers.enable({ apis: ['setTimeout'] });
     const budget = new HedgeBudget(100, 1);
     const driver = new BudgetDriver(budget, 60_000);
     const ex = exchangeOver(driver, [0, 1, 2], true);
@@ -670,7 +664,7 @@ describe('waiting for the hedge budget', () => {
     assert.equal(budget.waitingCount, 0, 'the wait for node 0 is over');
     budget.deposit();
     assert.equal(ex.hedged, false, 'node 1 has not reached its own trigger');
-    tick(60_000);
+    t.mock.timers.tick(60_000);
     assert.equal(ex.hedged, true, 'its own trigger hedges it');
     assert.deepEqual(driver.started.map((s) => s.node), [0, 1, 2]);
   });

@@ -33,7 +33,6 @@ import { performance } from 'node:perf_hooks';
 import { ErrorCodes } from '../errors.js';
 import { HeaderFields } from './fields.js';
 import { LOW_BUDGET_PATIENCE, type HedgeBudget, type HedgeWaiter } from './budget.js';
-import type { HedgeClock, HedgeTimed } from './hedge-clock.js';
 
 export interface AttemptHandle {
   /** Stop the attempt; safe to call after it finished. */
@@ -92,8 +91,6 @@ export interface ExchangeDriver {
   /** Called exactly once when the exchange settles (answer or failure). */
   settle(exchange: Exchange): void;
   readonly counters: ExchangeCounters;
-  /** Where hedge triggers wait: the thread's `hedgeClock`. */
-  readonly hedgeClock: HedgeClock;
 }
 
 /**
@@ -170,7 +167,7 @@ export const MAX_CANDIDATES = 64;
 /** An attempt whose transport has not returned its handle yet: nothing to abort through. */
 const STARTING: AttemptHandle = Object.freeze({ abort(): void {} });
 
-export class Exchange implements HedgeWaiter, HedgeTimed {
+export class Exchange implements HedgeWaiter {
   readonly driver: ExchangeDriver;
   /** Candidate node indices, best first. Owned by the exchange. */
   readonly candidates: Int32Array;
@@ -240,8 +237,7 @@ export class Exchange implements HedgeWaiter, HedgeTimed {
    * it to 17 slots, a call into the runtime every request.
    */
   private readonly attempts: (AttemptHandle | null)[] = [null, null];
-  /** @internal its place on the thread's hedge clock while its trigger is armed, else -1 */
-  hedgeSlot = -1;
+  private hedgeTimer: NodeJS.Timeout | null = null;
 
   constructor(driver: ExchangeDriver, capacity: number) {
     this.driver = driver;
@@ -265,7 +261,7 @@ export class Exchange implements HedgeWaiter, HedgeTimed {
     }
     this.launch();
     // A transport that failed synchronously may already have failed over and armed the clock.
-    if (this.hedgeSlot < 0) this.armHedge();
+    if (this.hedgeTimer === null) this.armHedge();
   }
 
   /** Abort every attempt and settle nothing: the client went away. */
@@ -439,11 +435,12 @@ export class Exchange implements HedgeWaiter, HedgeTimed {
       if (!this.driver.hedgeMayWait()) return;
       if (this.driver.hedgeWait(this, this.launchedAt + (1 + LOW_BUDGET_PATIENCE) * delay)) return;
     }
-    this.driver.hedgeClock.arm(this, this.launchedAt + delay, this.launchedAt);
+    this.hedgeTimer = setTimeout(onHedgeTimer, delay, this);
   }
 
-  /** @internal the hedge trigger fired (the clock has let go of it) */
+  /** @internal the hedge timer fired */
   onHedgeTimer(): void {
+    this.hedgeTimer = null;
     this.fireHedge(false);
   }
 
@@ -471,7 +468,10 @@ export class Exchange implements HedgeWaiter, HedgeTimed {
   }
 
   private clearHedge(): void {
-    if (this.hedgeSlot >= 0) this.driver.hedgeClock.disarm(this);
+    if (this.hedgeTimer !== null) {
+      clearTimeout(this.hedgeTimer);
+      this.hedgeTimer = null;
+    }
   }
 
   private abortAll(except: number): void {
@@ -503,4 +503,8 @@ export function describeFailure(error: unknown): string {
   const { code, message } = (typeof error === 'object' && error !== null ? error : {}) as { code?: unknown; message?: unknown };
   if (typeof code !== 'string') return 'failed (no error code)';
   return code.startsWith('LF_ERR_') && typeof message === 'string' && message !== '' ? `${code}: ${message}` : code;
+}
+
+function onHedgeTimer(exchange: Exchange): void {
+  exchange.onHedgeTimer();
 }

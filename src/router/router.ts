@@ -10,7 +10,6 @@ import { ErrorCodes } from '../errors.js';
 import { rank, type NodeInfo } from '../hashing/rendezvous.js';
 import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDriver } from '../forward/exchange.js';
 import { HedgeBudget } from '../forward/budget.js';
-import { hedgeClock } from '../forward/hedge-clock.js';
 import { LatencyWindow } from '../forward/latency.js';
 import type { Membership } from '../membership/membership.js';
 import { C_FAILOVERS, C_HEDGES, C_HEDGES_DENIED, C_HEDGE_WINS, C_REQUESTS, type CounterSlot } from '../metrics/counters.js';
@@ -173,7 +172,6 @@ export class Router {
     };
     return {
       counters,
-      hedgeClock,
       allowHedge: (fromList: boolean) => router.budget.spend(fromList),
       hedgeAffordable: () => router.budget.affordable,
       hedgeWait: (exchange: Exchange, dueAt: number) => router.budget.wait(exchange, dueAt),

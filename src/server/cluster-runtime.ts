@@ -6,7 +6,6 @@ import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDriver } from '../forward/exchange.js';
 import { HedgeBudget } from '../forward/budget.js';
-import { hedgeClock } from '../forward/hedge-clock.js';
 import { SampleWindow } from '../forward/latency.js';
 import { H1Codes, type H1Agent } from '../forward/h1.js';
 import { createTransport, CUT_OFF, type AttemptObserver, type AttemptSink, type NodeTransport, type UpstreamRequest } from '../forward/upstream.js';
@@ -163,8 +162,6 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   readonly view: MutableView;
   /** Shared by every route on this cluster, in this worker. */
   readonly hedgeBudget: HedgeBudget;
-  /** The thread's hedge triggers (every cluster's). */
-  readonly hedgeClock = hedgeClock;
   private readonly transports: NodeTransport[];
   /** A warming node's hedge losers' grace: see `update`. */
   private readonly requestTimeoutMs: number;
