@@ -77,6 +77,49 @@ describe('SampleWindow.triggerMs (the hedge trigger)', () => {
     }
   });
 
+  it('stays exact asked one percentile at every sample, as the hedge trigger is, however the latencies move', () => {
+    let seed = 11;
+    const random = (): number => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    // Steady noise, a climb (every new sample the largest), a fall (every sample leaving the
+    // ring one of the largest), a saw-tooth, and two values only (ties everywhere).
+    const shapes: Record<string, (i: number) => number> = {
+      noise: () => Math.round(random() * 1_000) / 100,
+      climb: (i) => i / 10,
+      fall: (i) => (5_000 - i) / 10,
+      saw: (i) => (i % 300) / 10 + random(),
+      ties: () => (random() < 0.9 ? 1 : 2),
+    };
+    for (const [shape, next] of Object.entries(shapes)) {
+      for (const p of [95, 99, 100, 90]) {
+        const s = new SampleWindow();
+        const all: number[] = [];
+        for (let i = 0; i < 1_500; i++) {
+          const ms = next(i);
+          s.record(ms);
+          all.push(ms);
+          const held = all.slice(-128).sort((a, b) => a - b);
+          const want = held.length < 8 ? 250 : held[Math.max(1, Math.ceil((p / 100) * held.length)) - 1];
+          assert.equal(s.triggerMs(p, 250), want, `${shape}, p${p}, sample ${i}`);
+        }
+      }
+    }
+  });
+
+  it('asked a lower percentile later, still exact for both', () => {
+    const s = new SampleWindow();
+    const all: number[] = [];
+    for (let i = 0; i < 600; i++) {
+      const ms = (i * 7919) % 1_000;
+      s.record(ms);
+      all.push(ms);
+      const held = all.slice(-128).sort((a, b) => a - b);
+      if (held.length < 8) continue;
+      const at = (p: number): number => held[Math.max(1, Math.ceil((p / 100) * held.length)) - 1]!;
+      assert.equal(s.triggerMs(95, 250), at(95), `p95 at ${i}`);
+      if (i >= 300) assert.equal(s.triggerMs(50, 250), at(50), `p50 at ${i}`);
+    }
+  });
+
   it('moves the one sample between the evicted and the new one down a place', () => {
     const s = new SampleWindow();
     s.record(1.0);
