@@ -15,16 +15,18 @@ const TOP_SLACK = 8;
  * largest few of them in order: a high percentile (the hedge trigger's p95: the 7th largest of
  * 128) is one array read.
  *
- * The top list holds the `top` largest samples of the ring, largest first, each with the ring
- * slot it came from; every sample outside it is no larger than its smallest. A new sample at
+ * The list (`top`) holds the `topCount` largest samples of the ring, largest first, each with the
+ * ring slot it came from; every sample outside it is no larger than its smallest. A new sample at
  * least that smallest one joins it (the smallest leaves when it is full); a smaller one stays
  * outside; an evicted sample leaves it if it was in it. When fewer than the rank asked for are
- * left, the list is rebuilt from the ring (128 compares, and about once in hundreds of samples
- * for steady latencies). Its room grows to the largest rank ever asked for, plus a slack.
- * Per sample that is a compare and, about one time in ten at p95, a shift of at most 15 doubles
- * in JavaScript, where keeping all 128 in order took two binary searches and a `copyWithin` (a
- * call into the runtime): about 385 instructions a request in callgrind. A window nobody asks (a
- * node serving only bare writes) never keeps a list.
+ * left, the list is rebuilt from the ring. Its room grows to the largest rank ever asked for,
+ * plus a slack. At p95 (room 15), per sample that is a compare and, one time in five or ten, a
+ * shift of at most 15 doubles in JavaScript; a rebuild every 300-400 samples of steady latencies,
+ * every 9 while they fall steadily (each sample leaving is one of the largest). Keeping all 128
+ * in order instead took two binary searches and a `copyWithin` (a call into the runtime) a
+ * sample: in callgrind about 385 instructions a GET against about 200 this way, and 120 against
+ * 20-30 ns a sample and trigger in a loop (RESULTS.md, "Twenty-second session"). A window nobody
+ * asks (a node serving only bare writes) never keeps a list.
  */
 export class SampleWindow {
   private readonly samples = new Float64Array(WINDOW_SIZE);
@@ -51,8 +53,7 @@ export class SampleWindow {
     const m = this.topCount;
     // It joins the list if it is no smaller than the list's smallest (everything outside is no
     // larger than that), or if the list holds every other sample and has room.
-    if (m > 0 ? ms >= top[m - 1]! : this.held === 1) this.joinTop(slot, ms);
-    else if (m === this.held - 1 && m < top.length) this.joinTop(slot, ms);
+    if ((m > 0 && ms >= top[m - 1]!) || (m === this.held - 1 && m < top.length)) this.joinTop(slot, ms);
   }
 
   get count(): number {
@@ -102,7 +103,10 @@ export class SampleWindow {
     this.inTop[slot] = 1;
   }
 
-  /** The sample of ring slot `slot` leaves the list. */
+  /**
+   * The sample of ring slot `slot` leaves the list. (Were it not found there, the list would lose
+   * its smallest instead: still the largest of the ring, one fewer.)
+   */
   private dropTop(slot: number): void {
     const top = this.top!;
     const slots = this.topSlot;
