@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { RendezvousRanker } from '../src/hashing/rendezvous.js';
+import { RendezvousRanker, uniformBefore } from '../src/hashing/rendezvous.js';
 import { SeededUnits, batchedUnits, nodeSeed } from '../src/hashing/xxh.js';
 import { WEIGHT_LEVELS, quantiseWeight, rank, score, type NodeInfo } from '../src/router/index.js';
 import { referenceXxh64 } from './fixtures/xxh64.js';
@@ -159,6 +159,48 @@ describe('RendezvousRanker (the hot-path form)', () => {
       const count = ranker.rankInto(b, out);
       assert.deepEqual(Array.from(out.subarray(0, count), (i) => nodes[i]!.id), rank(nodes, b).map((n) => n.id));
     }
+  });
+
+  it('agrees with rank() when every node has one weight (ranked by unit, no logarithm a node)', () => {
+    // Sixteen nodes at one band, with two out (weight 0), ids not in lexical order; each band.
+    for (const w of WEIGHT_LEVELS) {
+      const nodes = Array.from({ length: 16 }, (_, i) => node(`n-${(i * 7) % 16}-${String.fromCharCode(122 - i)}`, i === 3 || i === 11 ? 0 : w));
+      const ranker = new RendezvousRanker(nodes.map((n) => n.id), nodes.map((n) => n.weight));
+      const out = new Int32Array(nodes.length);
+      for (const b of boards(2_000, `w${w}-`)) {
+        const count = ranker.rankInto(b, out);
+        assert.deepEqual(Array.from(out.subarray(0, count), (i) => nodes[i]!.id), rank(nodes, b).map((n) => n.id), `weight ${w}, ${b}`);
+      }
+    }
+  });
+
+  it('orders two units of one weight as their scores do, also units too close for the shortcut', () => {
+    // The comparator rank() applies: best score first, ties by lexical position.
+    const byScore = (pu: number, po: number, u: number, o: number, w: number): boolean => {
+      const ps = -w / Math.log(pu);
+      const s = -w / Math.log(u);
+      return ps > s || (ps === s && po < o);
+    };
+    let seed = 3;
+    const random = (): number => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) + 0.5) / 2 ** 31;
+    const pairs: [number, number][] = [];
+    for (let i = 0; i < 20_000; i++) {
+      const u = random();
+      // Far apart, a relative 1e-9 either side (at the shortcut's edge), a few units in the last
+      // place apart (where the scores may round to one value), and equal.
+      const nextUp = u + u * Number.EPSILON;
+      pairs.push([u, random()], [u, u * (1 + 1.01e-9)], [u, u * (1 - 0.99e-9)], [u, nextUp], [nextUp, u], [u, u]);
+    }
+    let rounded = 0;
+    for (const w of [0.25, 1, 2]) {
+      for (const [a, b] of pairs) {
+        for (const [po, o] of [[0, 1], [1, 0]] as const) {
+          assert.equal(uniformBefore(a, po, b, o, w), byScore(a, po, b, o, w), `w ${w}, ${a} (${po}) against ${b} (${o})`);
+        }
+        if (a !== b && -w / Math.log(a) === -w / Math.log(b)) rounded++;
+      }
+    }
+    assert.ok(rounded > 0, 'some distinct units round to one score: the case the shortcut must leave to the scores');
   });
 
   it('breaks ties by lexical id order', () => {

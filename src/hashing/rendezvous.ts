@@ -68,6 +68,28 @@ export function rank(nodes: readonly NodeInfo[], boardId: string): NodeInfo[] {
 }
 
 /**
+ * Units closer than this (relative) are ordered by their scores after all (see
+ * {@link RendezvousRanker}): far above what rounding in `ln` and the division can reach (about
+ * 1e-16 relative), far below what separates two nodes' units but once in billions of boards.
+ */
+const CLOSE_UNITS = 1e-9;
+
+/**
+ * Whether, of two nodes of one finite weight `w`, the one with unit `pu` (lexical position
+ * `po`) ranks before the one with unit `u` (`o`): as {@link rank} orders them (best score first,
+ * ties by id), without a logarithm unless the units are within {@link CLOSE_UNITS} of each other.
+ * The score `-w / ln(u)` rises with `u`, so apart from those the larger unit is the better score.
+ */
+export function uniformBefore(pu: number, po: number, u: number, o: number, w: number): boolean {
+  const gap = pu - u;
+  if (gap > CLOSE_UNITS * pu) return true;
+  if (-gap > CLOSE_UNITS * u) return false;
+  const ps = -w / Math.log(pu);
+  const s = -w / Math.log(u);
+  return ps > s || (ps === s && po < o);
+}
+
+/**
  * The hot-path form of {@link rank}: built once per membership change over a fixed node list,
  * it ranks into caller-owned typed arrays and hashes the board against every node in one call
  * into WebAssembly ({@link SeededUnits}), allocating nothing per call.
@@ -81,6 +103,12 @@ export class RendezvousRanker {
   /** Position of each node in lexical id order, to break score ties without string compares. */
   private readonly idOrder: Int32Array;
   private readonly scores: Float64Array;
+  /**
+   * Every eligible node has one finite weight: the ranking is the order of the units (see
+   * {@link uniformBefore}), with no logarithm a node (the usual case: weights are bands, and
+   * most clusters run at one).
+   */
+  private readonly uniformWeight: number;
 
   constructor(ids: readonly string[], weights: ArrayLike<number>) {
     this.size = ids.length;
@@ -92,6 +120,13 @@ export class RendezvousRanker {
       this.idOrder[index] = position;
     });
     this.scores = new Float64Array(ids.length);
+    let uniform = Number.NaN;
+    for (const w of this.weights) {
+      if (!(w > 0)) continue;
+      if (Number.isNaN(uniform)) uniform = w;
+      else if (w !== uniform) uniform = Infinity;
+    }
+    this.uniformWeight = Number.isFinite(uniform) ? uniform : Number.NaN;
   }
 
   /** Number of nodes with weight > 0. */
@@ -108,6 +143,7 @@ export class RendezvousRanker {
   rankInto(boardId: string, out: Int32Array): number {
     const { weights, scores, idOrder } = this;
     const units = this.units.of(boardId);
+    if (this.uniformWeight > 0) return this.rankByUnits(units, out);
     let n = 0;
     for (let i = 0; i < this.size; i++) {
       const w = weights[i]!;
@@ -120,6 +156,27 @@ export class RendezvousRanker {
         const prev = out[j - 1]!;
         const ps = scores[prev]!;
         if (ps > s || (ps === s && idOrder[prev]! < idOrder[i]!)) break;
+        out[j] = prev;
+        j--;
+      }
+      out[j] = i;
+    }
+    return n;
+  }
+
+  /** {@link rankInto} for one finite weight: insertion by unit, best first. */
+  private rankByUnits(units: Float64Array, out: Int32Array): number {
+    const { weights, idOrder } = this;
+    const w = this.uniformWeight;
+    let n = 0;
+    for (let i = 0; i < this.size; i++) {
+      if (!(weights[i]! > 0)) continue;
+      const u = units[i]!;
+      const o = idOrder[i]!;
+      let j = n++;
+      while (j > 0) {
+        const prev = out[j - 1]!;
+        if (uniformBefore(units[prev]!, idOrder[prev]!, u, o, w)) break;
         out[j] = prev;
         j--;
       }
