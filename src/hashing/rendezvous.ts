@@ -70,7 +70,8 @@ export function rank(nodes: readonly NodeInfo[], boardId: string): NodeInfo[] {
 /**
  * Units closer than this (relative) are ordered by their scores after all (see
  * {@link RendezvousRanker}): far above what rounding in `ln` and the division can reach (about
- * 1e-16 relative), far below what separates two nodes' units but once in billions of boards.
+ * 1e-16 relative), and a pair of nodes' units comes that close about once in a billion boards
+ * (with 64 nodes, 2,016 pairs, about once in 500,000 rankings: two logarithms then).
  */
 const CLOSE_UNITS = 1e-9;
 
