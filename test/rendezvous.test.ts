@@ -174,6 +174,19 @@ describe('RendezvousRanker (the hot-path form)', () => {
     }
   });
 
+  it('agrees with rank() at one weight so large or small that the scores tie at Infinity or lose precision', () => {
+    // helper-69's reproducers: ids a and b at 1e308 (board b31) and at 5e-324 (board b2).
+    for (const w of [1e308, 1e306, 5e-324, 1e-320]) {
+      const nodes = [node('a', w), node('b', w), node('c', w)];
+      const ranker = new RendezvousRanker(nodes.map((n) => n.id), nodes.map((n) => n.weight));
+      const out = new Int32Array(nodes.length);
+      for (const b of boards(500, 'b')) {
+        const count = ranker.rankInto(b, out);
+        assert.deepEqual(Array.from(out.subarray(0, count), (i) => nodes[i]!.id), rank(nodes, b).map((n) => n.id), `weight ${w}, ${b}`);
+      }
+    }
+  });
+
   it('orders two units of one weight as their scores do, also units too close for the shortcut', () => {
     // The comparator rank() applies: best score first, ties by lexical position.
     const byScore = (pu: number, po: number, u: number, o: number, w: number): boolean => {

@@ -74,6 +74,9 @@ export function rank(nodes: readonly NodeInfo[], boardId: string): NodeInfo[] {
  * (with 64 nodes, 2,016 pairs, about once in 500,000 rankings: two logarithms then).
  */
 const CLOSE_UNITS = 1e-9;
+/** The weights the unit-order shortcut takes (see the ranker's constructor). */
+const MIN_UNIFORM_WEIGHT = 1e-300;
+const MAX_UNIFORM_WEIGHT = 1e290;
 
 /**
  * Whether, of two nodes of one finite weight `w`, the one with unit `pu` (lexical position
@@ -127,7 +130,10 @@ export class RendezvousRanker {
       if (Number.isNaN(uniform)) uniform = w;
       else if (w !== uniform) uniform = Infinity;
     }
-    this.uniformWeight = Number.isFinite(uniform) ? uniform : Number.NaN;
+    // Only where every score stays a finite, normal number (|ln u| lies within 1e-16 and 37): a
+    // weight past that makes scores tie at Infinity or lose precision, and rank() then orders by
+    // id where units would not (helper-69). The bands are far inside it.
+    this.uniformWeight = uniform >= MIN_UNIFORM_WEIGHT && uniform <= MAX_UNIFORM_WEIGHT ? uniform : Number.NaN;
   }
 
   /** Number of nodes with weight > 0. */
