@@ -88,8 +88,11 @@ export function uniformBefore(pu: number, po: number, u: number, o: number, w: n
   const gap = pu - u;
   if (gap > CLOSE_UNITS * pu) return true;
   if (-gap > CLOSE_UNITS * u) return false;
-  const ps = -w / Math.log(pu);
-  const s = -w / Math.log(u);
+  return scoreBefore(-w / Math.log(pu), po, -w / Math.log(u), o);
+}
+
+/** {@link rank}'s order: the node scoring `ps` (lexical position `po`) before the one scoring `s` (`o`). */
+function scoreBefore(ps: number, po: number, s: number, o: number): boolean {
   return ps > s || (ps === s && po < o);
 }
 
@@ -150,40 +153,21 @@ export class RendezvousRanker {
   rankInto(boardId: string, out: Int32Array): number {
     const { weights, scores, idOrder } = this;
     const units = this.units.of(boardId);
-    if (this.uniformWeight > 0) return this.rankByUnits(units, out);
+    const one = this.uniformWeight;
+    const byUnit = one > 0;
     let n = 0;
     for (let i = 0; i < this.size; i++) {
       const w = weights[i]!;
       if (!(w > 0)) continue;
-      const s = -w / Math.log(units[i]!);
+      // With one weight for all, the unit stands for the score (see uniformBefore).
+      const s = byUnit ? units[i]! : -w / Math.log(units[i]!);
       scores[i] = s;
+      const o = idOrder[i]!;
       // Insertion sort: node counts are small, and it keeps the ranking in place.
       let j = n++;
       while (j > 0) {
         const prev = out[j - 1]!;
-        const ps = scores[prev]!;
-        if (ps > s || (ps === s && idOrder[prev]! < idOrder[i]!)) break;
-        out[j] = prev;
-        j--;
-      }
-      out[j] = i;
-    }
-    return n;
-  }
-
-  /** {@link rankInto} for one finite weight: insertion by unit, best first. */
-  private rankByUnits(units: Float64Array, out: Int32Array): number {
-    const { weights, idOrder } = this;
-    const w = this.uniformWeight;
-    let n = 0;
-    for (let i = 0; i < this.size; i++) {
-      if (!(weights[i]! > 0)) continue;
-      const u = units[i]!;
-      const o = idOrder[i]!;
-      let j = n++;
-      while (j > 0) {
-        const prev = out[j - 1]!;
-        if (uniformBefore(units[prev]!, idOrder[prev]!, u, o, w)) break;
+        if (byUnit ? uniformBefore(scores[prev]!, idOrder[prev]!, s, o, one) : scoreBefore(scores[prev]!, idOrder[prev]!, s, o)) break;
         out[j] = prev;
         j--;
       }
