@@ -5,7 +5,8 @@
 # FLAGS, after `::`, are extra flags for that build, written without spaces (`--flag=value`,
 # several separated by commas): e.g. `dist dist::--access-log=/tmp/access.log` compares the same
 # build with and without an access log. `floor:DIST` runs DIST's bench/floor-proxy.js (the least a
-# uWS + Node proxy does) instead of Lakefront, for what Lakefront's own work costs.
+# uWS + Node proxy does) instead of Lakefront, for what Lakefront's own work costs
+# (`floor:DIST::--pipelining`: the floor that pipelines).
 # Every build is started once over the bench upstream and warmed for 2 s with wrk; then RUNS
 # rounds, each running every build in turn for 4 s (wrk, one thread, 64 connections), reading
 # its process's user and system CPU from /proc. Prints the medians (and the per-run totals) in
@@ -29,8 +30,7 @@ for d in "$@"; do
   dir=$d; extra=()
   if [[ $d == *::* ]]; then dir=${d%%::*}; IFS=, read -ra extra <<< "${d#*::}"; fi
   if [[ $dir == floor:* ]]; then
-    [ ${#extra[@]} -eq 0 ] || { echo "$d: the floor takes no flags" >&2; exit 2; }
-    node "${dir#floor:}/bench/floor-proxy.js" --nodes "$NODES" --port 0 --threads "$TH" > "${LOGS[$d]}" 2>&1 & PIDS[$d]=$!
+    node "${dir#floor:}/bench/floor-proxy.js" "${extra[@]}" --nodes "$NODES" --port 0 --threads "$TH" > "${LOGS[$d]}" 2>&1 & PIDS[$d]=$!
   else
     node "$dir/src/cli.js" "${extra[@]}" --nodes "$NODES" --port 0 --threads "$TH" --host 127.0.0.1 --health-interval-ms 1000 > "${LOGS[$d]}" 2>&1 & PIDS[$d]=$!
   fi

@@ -10,7 +10,7 @@
  * framed by a content-length): a bench contender, to tell what Lakefront's own work costs from
  * what any uWS + Node proxy pays for its sockets, calls and strings.
  *
- *   node dist/bench/floor-proxy.js --port 0 --threads 2 --nodes a=http://...,b=http://...
+ *   node dist/bench/floor-proxy.js --port 0 --threads 2 --nodes a=http://...,b=http://... [--pipelining]
  *
  * Prints `{"port":N}` once every thread listens.
  */
@@ -29,7 +29,8 @@ interface Node {
 
 const HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'upgrade', 'te', 'trailer', 'host', 'content-length', 'expect', 'proxy-connection']);
 
-function serve({ nodes, port }: { nodes: Node[]; port: number }): void {
+function serve({ nodes, port, pipelining }: { nodes: Node[]; port: number; pipelining: boolean }): void {
+  PIPELINE = pipelining;
   const uws = loadUws();
   const ranker = new RendezvousRanker(
     nodes.map((n) => n.id),
@@ -100,6 +101,22 @@ class Exchange {
 }
 
 const READ = Buffer.allocUnsafe(65536);
+/**
+ * `--pipelining`: every request a thread takes in one loop turn for one node goes on one
+ * connection in one write, at the turn's end (its check phase); the answers are read in order.
+ * Every request, reads and writes alike (the floor tells them apart no more than it checks
+ * answers): what the least pipelining proxy of this design costs (Lakefront's h1 client
+ * pipelines safe reads only: `--upstream-pipelining`).
+ */
+let PIPELINE = false;
+let flushScheduled = false;
+let toFlush: Pool[] = [];
+function flushAll(): void {
+  flushScheduled = false;
+  const pools = toFlush;
+  toFlush = [];
+  for (const pool of pools) pool.flush();
+}
 
 /** One node's kept-alive connections, one request each at a time. */
 class Pool {
@@ -111,13 +128,37 @@ class Pool {
     this.servedBy = Buffer.from(`${node.id}\r\n`, 'latin1');
   }
 
+  /** With --pipelining: this turn's requests, to go in one write. */
+  batch: Array<[Exchange, Buffer | null]> = [];
   send(exchange: Exchange, body: Buffer | null): void {
+    if (PIPELINE) {
+      if (this.batch.length === 0) {
+        toFlush.push(this);
+        if (!flushScheduled) {
+          flushScheduled = true;
+          setImmediate(flushAll);
+        }
+      }
+      this.batch.push([exchange, body]);
+      return;
+    }
     const conn = this.idle.pop();
     if (conn !== undefined) conn.send(exchange, body);
     else if (this.count < 64) {
       this.count++;
       new Conn(this).send(exchange, body);
     } else this.waiting.push([exchange, body]);
+  }
+
+  flush(): void {
+    const batch = this.batch;
+    this.batch = [];
+    let conn = this.idle.pop();
+    if (conn === undefined) {
+      this.count++;
+      conn = new Conn(this);
+    }
+    conn.sendAll(batch);
   }
 
   /** A connection the node closed (its idle timeout) or that failed: gone from the pool. */
@@ -128,6 +169,10 @@ class Pool {
   }
 
   release(conn: Conn): void {
+    if (PIPELINE) {
+      this.idle.push(conn);
+      return;
+    }
     const next = this.waiting.shift();
     if (next !== undefined) conn.send(next[0], next[1]);
     else this.idle.push(conn);
@@ -150,6 +195,7 @@ function nameIs(data: Buffer, from: number, to: number, name: Buffer): boolean {
 class Conn {
   private readonly socket: Socket;
   private exchange: Exchange | null = null;
+  private queue: Exchange[] = [];
   /** What came of an answer that did not come in one read (a copy). */
   private pending: Buffer | null = null;
   private bodyAt = -1;
@@ -163,7 +209,24 @@ class Conn {
       const exchange = this.exchange;
       this.exchange = null;
       if (exchange !== null) exchange.failed();
+      for (const e of this.queue.splice(0)) e.failed();
     });
+  }
+
+  /** A turn's requests in one write (--pipelining); this connection has nothing in flight. */
+  sendAll(batch: Array<[Exchange, Buffer | null]>): void {
+    let size = 0;
+    for (const [exchange, body] of batch) size += exchange.head.length + (body === null ? 0 : body.length);
+    if (size > write.length) write = Buffer.allocUnsafeSlow(size);
+    let n = 0;
+    for (const [exchange, body] of batch) {
+      this.queue.push(exchange);
+      n += write.write(exchange.head, n, 'latin1');
+      if (body !== null) n += body.copy(write, n);
+    }
+    this.exchange = this.queue.shift()!;
+    this.socket.write(write.subarray(0, n));
+    if (this.socket.writableLength !== 0) write = Buffer.allocUnsafeSlow(65536);
   }
 
   /** Head and body laid out in one buffer a thread, one write (a new buffer if the kernel kept some). */
@@ -176,7 +239,17 @@ class Conn {
   }
 
   private onRead(n: number): boolean {
-    let data = READ.subarray(0, n);
+    let data: Buffer = READ.subarray(0, n);
+    for (;;) {
+      const rest = this.one(data);
+      if (rest === null) return true;
+      data = rest;
+    }
+  }
+
+  /** Answers the first answer in `data`: the bytes after it (null when no whole answer is left). */
+  private one(data: Buffer): Buffer | null {
+    if (data.length === 0) return null;
     let copied = false;
     if (this.pending !== null) {
       data = Buffer.concat([this.pending, data]);
@@ -187,7 +260,7 @@ class Conn {
       const end = data.indexOf(CRLFCRLF);
       if (end < 0) {
         this.pending = copied ? data : Buffer.from(data);
-        return true;
+        return null;
       }
       this.bodyAt = end + 4;
       this.expected = 0;
@@ -204,7 +277,7 @@ class Conn {
     }
     if (data.length < this.bodyAt + this.expected) {
       this.pending = copied ? data : Buffer.from(data);
-      return true;
+      return null;
     }
     // The served-by value, then the node's lines to relay, in one buffer a thread.
     const servedBy = this.pool.servedBy;
@@ -224,15 +297,20 @@ class Conn {
     const bodyAt = this.bodyAt;
     this.bodyAt = -1;
     // uWS copies what it is given before `end` returns: the body is passed as a view.
-    exchange.answer(status, relay.subarray(0, out), data.subarray(bodyAt, bodyAt + this.expected));
+    const after = bodyAt + this.expected;
+    exchange.answer(status, relay.subarray(0, out), data.subarray(bodyAt, after));
+    if (this.queue.length !== 0) {
+      this.exchange = this.queue.shift()!;
+      return data.subarray(after);
+    }
     this.pool.release(this);
-    return true;
+    return null;
   }
 }
 
 // Last: the classes above are initialised by now.
 if (isMainThread) {
-  const { values } = parseArgs({ options: { port: { type: 'string', default: '0' }, threads: { type: 'string', default: '2' }, nodes: { type: 'string' } } });
+  const { values } = parseArgs({ options: { port: { type: 'string', default: '0' }, threads: { type: 'string', default: '2' }, nodes: { type: 'string' }, pipelining: { type: 'boolean', default: false } } });
   const nodes: Node[] = values.nodes!.split(',').map((entry) => {
     const eq = entry.indexOf('=');
     const url = new URL(entry.slice(eq + 1));
@@ -242,7 +320,7 @@ if (isMainThread) {
   // uWS sets SO_REUSEPORT only for a port it is given: a free one is found first (as Lakefront).
   const start = (port: number): Promise<number> =>
     new Promise((resolve, reject) => {
-      const worker = new Worker(new URL(import.meta.url), { workerData: { nodes, port } });
+      const worker = new Worker(new URL(import.meta.url), { workerData: { nodes, port, pipelining: values.pipelining } });
       worker.once('message', (m: { port: number }) => (m.port > 0 ? resolve(m.port) : reject(new Error(`could not listen on ${port}`))));
       worker.once('error', reject);
     });
@@ -256,5 +334,5 @@ if (isMainThread) {
   for (let i = 0; i < threads; i++) await start(port);
   process.stdout.write(`${JSON.stringify({ port })}\n`);
 } else {
-  serve(workerData as { nodes: Node[]; port: number });
+  serve(workerData as { nodes: Node[]; port: number; pipelining: boolean });
 }
