@@ -100,6 +100,8 @@ describe('lakefront command: bad configuration stops start-up with exit 2 and on
     ['bad unreachable hold', ['--unreachable-hold-ms', '3600001', '--nodes', 'a=http://127.0.0.1:1'], {}, /--unreachable-hold-ms: 3600001 is out of range 0\.\.3600000/],
     ['unknown flag', ['--nodez', 'x'], {}, /Unknown option '--nodez'/],
     ['unknown upstream client', ['--upstream-client', 'curl', '--nodes', 'a=http://127.0.0.1:1'], {}, /--upstream-client: must be h1 or undici, got "curl"/],
+    ['pipelining out of range', ['--upstream-pipelining', '0', '--nodes', 'a=http://127.0.0.1:1'], {}, /--upstream-pipelining: 0 is out of range 1\.\.256/],
+    ['pipelining with undici', ['--upstream-client', 'undici', '--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_UPSTREAM_PIPELINING: '4' }, /LAKEFRONT_UPSTREAM_PIPELINING: pipelining is the h1 client's; --upstream-client undici keeps one request a connection/],
   ];
   for (const [name, args, env, pattern] of cases) {
     it(name, async () => {

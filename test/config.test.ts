@@ -249,3 +249,16 @@ describe('--hints-file', () => {
     assert.throws(() => parseCommand([], { LAKEFRONT_HINTS_FILE: ' ' }), /LAKEFRONT_HINTS_FILE: an empty path/);
   });
 });
+
+describe('--upstream-pipelining', () => {
+  it('is 1 (none) by default, and takes the flag or LAKEFRONT_UPSTREAM_PIPELINING', () => {
+    const settingOf = (argv: string[], env: Record<string, string> = {}): number | undefined =>
+      (parseCommand(argv, env) as { config: { settings: { upstreamPipelining?: number } } }).config.settings.upstreamPipelining;
+    assert.equal(settingOf(['--nodes', 'a=http://127.0.0.1:1']), 1);
+    assert.equal(settingOf(['--nodes', 'a=http://127.0.0.1:1', '--upstream-pipelining', '8']), 8);
+    assert.equal(settingOf(['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_UPSTREAM_PIPELINING: '16' }), 16);
+    // undici keeps one request a connection: 1 is its only value.
+    assert.equal(settingOf(['--nodes', 'a=http://127.0.0.1:1', '--upstream-client', 'undici', '--upstream-pipelining', '1']), 1);
+    assert.throws(() => parseCommand(['--nodes', 'a=http://127.0.0.1:1', '--upstream-client', 'undici', '--upstream-pipelining', '2'], {}), /pipelining is the h1 client's/);
+  });
+});

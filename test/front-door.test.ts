@@ -1100,6 +1100,107 @@ describe('front door: membership and health', () => {
   });
 });
 
+describe('front door: upstream pipelining', () => {
+  /**
+   * A node that answers each request at once with its path, and records for every read the
+   * requests that came in it: a read with two or more means they were written behind one another
+   * (answers go at once, so nothing else can put two on one connection's read).
+   */
+  async function readNode(): Promise<{ url: string; reads: string[][]; stop: () => Promise<void> }> {
+    const reads: string[][] = [];
+    const sockets = new Set<import('node:net').Socket>();
+    const server = createServer((socket) => {
+      sockets.add(socket);
+      socket.on('close', () => sockets.delete(socket));
+      socket.on('error', () => undefined);
+      let pending = '';
+      socket.on('data', (data) => {
+        pending += data.toString('latin1');
+        const read: string[] = [];
+        let answers = '';
+        for (;;) {
+          const headEnd = pending.indexOf('\r\n\r\n');
+          if (headEnd < 0) break;
+          const length = /\r\ncontent-length: *(\d+)/i.exec(pending.slice(0, headEnd));
+          const end = headEnd + 4 + (length ? Number(length[1]) : 0);
+          if (pending.length < end) break;
+          const [method, path] = pending.slice(0, pending.indexOf('\r\n')).split(' ') as [string, string];
+          pending = pending.slice(end);
+          if (path !== '/health') read.push(`${method} ${path}`);
+          answers += `HTTP/1.1 200 OK\r\ncontent-length: ${path.length}\r\n\r\n${path}`;
+        }
+        if (read.length > 0) reads.push(read);
+        socket.write(answers);
+      });
+    });
+    server.listen(0, '127.0.0.1');
+    await once(server, 'listening');
+    return {
+      url: `http://127.0.0.1:${(server.address() as { port: number }).port}`,
+      reads,
+      async stop() {
+        const closed = once(server, 'close');
+        server.close();
+        for (const socket of sockets) socket.destroy();
+        await closed;
+      },
+    };
+  }
+
+  /** 600 GETs and 150 POSTs over 32 client connections: every answer its own, and what the node read. */
+  async function load(door: FrontDoor, node: { reads: string[][] }): Promise<string[][]> {
+    const client = new Pool(door.url, { connections: 32 });
+    try {
+      let next = 0;
+      await Promise.all(
+        Array.from({ length: 32 }, async () => {
+          while (next < 750) {
+            const i = next++;
+            const write = i % 5 === 4;
+            const path = `/rpc/${write ? 'w' : 'r'}${i}`;
+            const res = await client.request({ path, method: write ? 'POST' : 'GET', headers: { 'x-lakefront-board': `board-${i % 7}` }, ...(write ? { body: '{}' } : {}) });
+            assert.equal(res.statusCode, 200);
+            assert.equal(await res.body.text(), path, 'each request its own answer');
+          }
+        }),
+      );
+    } finally {
+      await client.close();
+    }
+    const all = node.reads.flat();
+    assert.equal(all.length, 750, 'each request reached the node once');
+    assert.equal(new Set(all).size, 750);
+    return node.reads;
+  }
+
+  it("writes a turn's reads to a node behind one another, never a write, and each gets its own answer", async () => {
+    const node = await readNode();
+    const door = await FrontDoor.start(doorConfig([{ id: 'n', url: node.url }], { upstreamPipelining: 8, hedgeMode: 'off' }));
+    try {
+      const reads = await load(door, node);
+      const shared = reads.filter((r) => r.length > 1);
+      assert.ok(shared.length > 0, 'some reads of the node held two requests or more');
+      for (const read of shared) assert.ok(read.every((r) => r.startsWith('GET ')), `a write shared a read: ${read.join(', ')}`);
+      assert.ok(Math.max(...reads.map((r) => r.length)) <= 8, 'at most 8 a connection');
+    } finally {
+      await door.stop();
+      await node.stop();
+    }
+  });
+
+  it('writes one request a connection at a time by default', async () => {
+    const node = await readNode();
+    const door = await FrontDoor.start(doorConfig([{ id: 'n', url: node.url }], { hedgeMode: 'off' }));
+    try {
+      const reads = await load(door, node);
+      assert.deepEqual(reads.filter((r) => r.length > 1), []);
+    } finally {
+      await door.stop();
+      await node.stop();
+    }
+  });
+});
+
 describe('front door: workers', () => {
   let nodes: FakeNode[];
   let server: RouterServer;

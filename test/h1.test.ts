@@ -89,7 +89,7 @@ function request(method: string, path: string, headers: string[] = [], body: str
 const agent = new H1Agent(10);
 after(() => agent.close(true));
 
-async function setup(respond?: (req: RawRequest) => void, options: { connections?: number; requestTimeoutMs?: number; maxResponseBytes?: number } = {}): Promise<{ server: RawServer; pool: H1Pool }> {
+async function setup(respond?: (req: RawRequest) => void, options: { connections?: number; requestTimeoutMs?: number; maxResponseBytes?: number; pipelining?: number } = {}): Promise<{ server: RawServer; pool: H1Pool }> {
   const server = new RawServer();
   if (respond) server.respond = respond;
   const port = await server.listen();
@@ -97,6 +97,7 @@ async function setup(respond?: (req: RawRequest) => void, options: { connections
     connections: options.connections ?? 4,
     requestTimeoutMs: options.requestTimeoutMs ?? 2_000,
     ...(options.maxResponseBytes !== undefined ? { maxResponseBytes: options.maxResponseBytes } : {}),
+    ...(options.pipelining !== undefined ? { pipelining: options.pipelining } : {}),
   });
   return { server, pool };
 }
@@ -667,5 +668,224 @@ describe('h1 client', () => {
     await once(server.requests[0]!.socket, 'close');
     assert.equal(pool.size, 0);
     server.close();
+  });
+});
+
+/** `HTTP/1.1 200` answering with the request's path as its body. */
+function echoPath(req: RawRequest, extra = ''): string {
+  const path = req.head.split(' ')[1]!;
+  return `HTTP/1.1 200 OK\r\ncontent-length: ${path.length}\r\n${extra}\r\n${path}`;
+}
+
+/** Each request's path and the connection it came on, `1 /a`. */
+function seen(server: RawServer): string[] {
+  return server.requests.map((r) => `${r.connection} ${r.head.split(' ')[1]}`);
+}
+
+async function turn(): Promise<void> {
+  await new Promise((resolve) => setImmediate(resolve));
+}
+
+describe('h1 client pipelining', () => {
+  it("writes a turn's safe reads behind one another, up to the limit a connection, each given its own answer", async () => {
+    const { server, pool } = await setup((req) => req.socket.write(echoPath(req)), { connections: 8, pipelining: 3 });
+    try {
+      const paths = ['/a', '/b', '/c', '/d', '/e', '/f', '/g'];
+      const outs = await Promise.all(paths.map((path) => send(pool, request('GET', path))));
+      assert.deepEqual(outs.map((o) => o.body ?? o.error?.message), paths);
+      assert.deepEqual(seen(server), ['1 /a', '1 /b', '1 /c', '2 /d', '2 /e', '2 /f', '3 /g']);
+      // A later turn's request does not follow one still in flight: the turn is over.
+      const held: RawRequest[] = [];
+      server.respond = (req) => held.push(req);
+      const first = send(pool, request('GET', '/first'));
+      await turn();
+      const later = send(pool, request('GET', '/later'));
+      while (held.length < 2) await turn();
+      assert.notEqual(held[0]!.connection, held[1]!.connection);
+      for (const req of held) req.socket.write(echoPath(req));
+      assert.equal((await first).body, '/first');
+      assert.equal((await later).body, '/later');
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
+  it('reads answers to pipelined requests however they come: in one write, or byte by byte', async () => {
+    // A length, a chunked body with a trailer, a 204, and a HEAD's length with no body.
+    const answers = 'HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\none' + 'HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n3\r\ntwo\r\n0\r\nx-t: 1\r\n\r\n' + 'HTTP/1.1 204 No Content\r\nx-n: 3\r\n\r\n' + 'HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n';
+    for (const size of [answers.length, 1, 7]) {
+      const held: RawRequest[] = [];
+      const { server, pool } = await setup(
+        (req) => {
+          held.push(req);
+          if (held.length === 4) void dribble(req.socket, answers, size);
+        },
+        { pipelining: 4 },
+      );
+      try {
+        const outs = await Promise.all([send(pool, request('GET', '/1')), send(pool, request('GET', '/2')), send(pool, request('GET', '/3')), send(pool, request('HEAD', '/4'), false)]);
+        assert.deepEqual(
+          outs.map((o) => `${o.status} ${o.body}`),
+          ['200 one', '201 two', '204 ', '200 '],
+          `${size} bytes a write`,
+        );
+        assert.deepEqual(outs[2]!.headers, [['x-n', '3']]);
+        assert.deepEqual(outs[3]!.headers, [['content-length', '5']]);
+        server.respond = (req) => req.socket.write(echoPath(req));
+        assert.equal((await sendAfterPoll(pool, request('GET', '/after'))).body, '/after');
+        assert.equal(server.connections, 1, 'still in step: the connection is reused');
+      } finally {
+        pool.close(true);
+        server.close();
+      }
+    }
+  });
+
+  it('never writes a write behind another request, nor a request behind a write', async () => {
+    const { server, pool } = await setup((req) => req.socket.write(echoPath(req)), { connections: 8, pipelining: 4 });
+    try {
+      const outs = await Promise.all([
+        send(pool, request('GET', '/r1')),
+        send(pool, request('POST', '/w1', [], '{}')),
+        send(pool, request('GET', '/r2')),
+        send(pool, request('POST', '/w2', [], '{}')),
+        // A GET its caller calls a write (an operation rule): as a write.
+        (async () => {
+          const h = handler();
+          pool.send(request('GET', '/w3'), h, true, false);
+          return h.done;
+        })(),
+        send(pool, request('GET', '/r3')),
+      ]);
+      assert.deepEqual(outs.map((o) => o.body), ['/r1', '/w1', '/r2', '/w2', '/w3', '/r3']);
+      const conn = new Map(server.requests.map((r) => [r.head.split(' ')[1]!, r.connection]));
+      assert.equal(conn.get('/r2'), conn.get('/r1'));
+      assert.equal(conn.get('/r3'), conn.get('/r1'));
+      const writes = ['/w1', '/w2', '/w3'].map((path) => conn.get(path));
+      assert.equal(new Set([...writes, conn.get('/r1')]).size, 4, 'each write on a connection of its own');
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
+  it('sends the requests behind an answer that closes its connection again, on fresh connections', async () => {
+    // Every connection answers its first request and closes (`connection: close`), whatever
+    // was pipelined behind it.
+    const { server, pool } = await setup(
+      (req) => {
+        if (server.requests.filter((r) => r.connection === req.connection).length === 1) req.socket.end(echoPath(req, 'connection: close\r\n'));
+      },
+      { connections: 8, pipelining: 3 },
+    );
+    try {
+      const outs = await Promise.all(['/a', '/b', '/c'].map((path) => send(pool, request('GET', path))));
+      assert.deepEqual(outs.map((o) => o.body ?? o.error?.message), ['/a', '/b', '/c']);
+      const log = seen(server);
+      assert.deepEqual(log.slice(0, 3), ['1 /a', '1 /b', '1 /c']);
+      assert.deepEqual(log.slice(3).map((l) => l.split(' ')[1]).sort(), ['/b', '/c'], 'the two unanswered, once more each');
+      assert.equal(new Set(log.slice(3).map((l) => l.split(' ')[0])).size, 2, 'each on a fresh connection');
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
+  it('when a pipelined connection breaks: the request answered first fails, those behind it go again once', async () => {
+    // The first connection is reset once it has all three; after that, /c is reset wherever it goes.
+    const { server, pool } = await setup(
+      (req) => {
+        const path = req.head.split(' ')[1];
+        if (req.connection === 1) {
+          if (server.requests.length === 3) req.socket.resetAndDestroy();
+        } else if (path === '/c') req.socket.resetAndDestroy();
+        else req.socket.write(echoPath(req));
+      },
+      { connections: 8, pipelining: 3 },
+    );
+    try {
+      const [a, b, c] = await Promise.all(['/a', '/b', '/c'].map((path) => send(pool, request('GET', path))));
+      // On a fresh connection (nothing served on it), /a's failure is no stale connection: not resent.
+      assert.equal(a!.status, undefined);
+      assert.equal(a!.error?.unsent, false, 'it may have been served');
+      assert.equal(b!.body, '/b', 'sent again and answered');
+      assert.equal(c!.status, undefined, 'sent again once, and no more');
+      assert.equal(c!.error?.unsent, false);
+      assert.deepEqual(
+        server.requests.map((r) => r.head.split(' ')[1]).sort(),
+        ['/a', '/b', '/b', '/c', '/c'],
+      );
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
+  it('reads and drops a cancelled follower\'s answer, keeping the connection; a cancelled leader closes it and the rest go again', async () => {
+    const held: RawRequest[] = [];
+    const { server, pool } = await setup((req) => held.push(req), { connections: 8, pipelining: 3 });
+    try {
+      const a = handler();
+      const b = handler();
+      const c = handler();
+      let bHeard = false;
+      b.onResponse = b.onError = () => (bHeard = true);
+      pool.send(request('GET', '/a'), a);
+      const tb = pool.send(request('GET', '/b'), b);
+      pool.send(request('GET', '/c'), c);
+      while (held.length < 3) await turn();
+      pool.cancel(tb);
+      for (const req of held) req.socket.write(echoPath(req));
+      assert.equal((await a.done).body, '/a');
+      assert.equal((await c.done).body, '/c');
+      assert.equal(bHeard, false, 'the cancelled one hears nothing');
+      assert.equal(server.connections, 1);
+      held.length = 0;
+      server.respond = (req) => req.socket.write(echoPath(req));
+      assert.equal((await sendAfterPoll(pool, request('GET', '/next'))).body, '/next');
+      assert.equal(server.connections, 1, 'the connection stayed in step');
+
+      // The leader cancelled: its connection is closed, the two behind it are sent again.
+      server.respond = (req) => held.push(req);
+      await turn();
+      await turn();
+      const d = handler();
+      const td = pool.send(request('GET', '/d'), d);
+      const e = send(pool, request('GET', '/e'));
+      const f = send(pool, request('GET', '/f'));
+      while (held.length < 3) await turn();
+      const closed = once(held[0]!.socket, 'close');
+      server.respond = (req) => req.socket.write(echoPath(req));
+      pool.cancel(td);
+      await closed;
+      assert.equal((await e).body, '/e');
+      assert.equal((await f).body, '/f');
+      assert.deepEqual(server.requests.slice(-5).map((r) => r.head.split(' ')[1]), ['/d', '/e', '/f', '/e', '/f']);
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
+  it('closes a connection once every request left on it was cancelled', async () => {
+    const held: RawRequest[] = [];
+    const { server, pool } = await setup((req) => held.push(req), { connections: 8, pipelining: 3 });
+    try {
+      const a = send(pool, request('GET', '/a'));
+      const tb = pool.send(request('GET', '/b'), handler());
+      const tc = pool.send(request('GET', '/c'), handler());
+      while (held.length < 3) await turn();
+      pool.cancel(tb);
+      pool.cancel(tc);
+      const closed = once(held[0]!.socket, 'close');
+      held[0]!.socket.write(echoPath(held[0]!));
+      assert.equal((await a).body, '/a');
+      assert.equal(pool.size, 0, 'closed as the answer ahead of them came');
+      await closed;
+    } finally {
+      pool.close(true);
+      server.close();
+    }
   });
 });

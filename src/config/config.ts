@@ -58,6 +58,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'max-response-bytes', env: 'LAKEFRONT_MAX_RESPONSE_BYTES', value: 'n', help: 'largest answer relayed from a node; a larger one is a 502, asked of no other node [67108864]' },
   { flag: 'upstream-client', env: 'LAKEFRONT_UPSTREAM_CLIENT', value: 'h1|undici', help: 'upstream HTTP client [h1]' },
   { flag: 'upstream-connections', env: 'LAKEFRONT_UPSTREAM_CONNECTIONS', value: 'n', help: 'keep-alive connections per node, per thread [64]' },
+  { flag: 'upstream-pipelining', env: 'LAKEFRONT_UPSTREAM_PIPELINING', value: 'n', help: "h1 client: safe reads sent to a node in one loop turn share a connection and a write (HTTP/1.1 pipelining), up to n in flight on it; writes never; 1: off [1]" },
   { flag: 'cancel-grace-ms', env: 'LAKEFRONT_CANCEL_GRACE_MS', value: 'ms', help: 'a hedge loser may finish this long before its connection is closed [250]' },
   { flag: 'drain-timeout-ms', env: 'LAKEFRONT_DRAIN_TIMEOUT_MS', value: 'ms', help: 'on SIGTERM/SIGINT, and for the old workers at a reload, wait this long for in-flight requests [10000]' },
   { flag: 'ws-ping-ms', env: 'LAKEFRONT_WS_PING_MS', value: 'ms', help: "WebSocket tunnels: a node quiet this long is pinged, and the tunnel closed (1011) without an answer as long again; a node out of the rankings, after 2 s and 5 s; 0: never [30000]" },
@@ -262,6 +263,10 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
   const percentileRaw = read('hedge-percentile');
   const budgetRaw = read('hedge-budget-percent');
   const clientRaw = read('upstream-client');
+  const pipeliningRaw = read('upstream-pipelining');
+  if (pipeliningRaw && clientRaw && clientRaw[0].trim() === 'undici' && integer(pipeliningRaw[0], pipeliningRaw[1], 1, 256) > 1) {
+    throw new ConfigError(`${pipeliningRaw[1]}: pipelining is the h1 client's; ${clientRaw[1]} undici keeps one request a connection`);
+  }
   const modeRaw = read('hedge-mode');
   const forwardedRaw = read('forwarded-for');
   const forwardedFor = forwardedRaw ? oneOf(forwardedRaw[0], forwardedRaw[1], ['append', 'off'] as const) : file?.forwardedFor;
@@ -290,6 +295,7 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
       maxResponseBytes: opt('max-response-bytes', 1024, 1024 * 1024 * 1024),
       upstreamClient: clientRaw ? oneOf(clientRaw[0], clientRaw[1], ['h1', 'undici'] as const) : undefined,
       upstreamConnections: opt('upstream-connections', 1, 100_000),
+      upstreamPipelining: opt('upstream-pipelining', 1, 256),
       cancelGraceMs: opt('cancel-grace-ms', 0, 600_000),
       drainTimeoutMs: opt('drain-timeout-ms', 0, 3_600_000),
       forwardedFor: forwardedFor === 'append',

@@ -96,6 +96,8 @@ export interface TransportOptions {
   readonly cancelGraceMs: number;
   /** The largest answer taken (default: the h1 client's 64 MiB, undici's none). */
   readonly maxResponseBytes?: number;
+  /** The h1 client's pipelining (see `H1Pool.send`); undici keeps one request a connection. Default 1. */
+  readonly pipelining?: number;
 }
 
 /**
@@ -243,6 +245,7 @@ class H1Transport implements NodeTransport {
       connections: options.connections,
       requestTimeoutMs: options.requestTimeoutMs,
       ...(options.maxResponseBytes !== undefined ? { maxResponseBytes: options.maxResponseBytes } : {}),
+      ...(options.pipelining !== undefined ? { pipelining: options.pipelining } : {}),
     });
   }
 

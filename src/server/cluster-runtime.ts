@@ -211,6 +211,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       requestTimeoutMs: settings.requestTimeoutMs,
       cancelGraceMs: settings.cancelGraceMs,
       ...(settings.maxResponseBytes !== undefined ? { maxResponseBytes: settings.maxResponseBytes } : {}),
+      ...(settings.upstreamPipelining !== undefined ? { pipelining: settings.upstreamPipelining } : {}),
     };
     this.transports = spec.nodes.map((g) => createTransport(settings.upstreamClient, nodes[g]!.url, transportOptions, this, agent));
     this.requestTimeoutMs = settings.requestTimeoutMs;

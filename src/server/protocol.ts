@@ -108,6 +108,11 @@ export interface DataPlaneSettings {
   readonly upstreamClient: 'h1' | 'undici';
   /** Connections per upstream node, per worker. */
   readonly upstreamConnections: number;
+  /**
+   * The h1 client's HTTP/1.1 pipelining: safe reads sent to one node in one loop turn share a
+   * connection and a write, up to this many in flight on it. 1: none. Default 1.
+   */
+  readonly upstreamPipelining?: number;
   /** How long a cancelled attempt (hedge loser, client gone) may finish before its connection closes. */
   readonly cancelGraceMs: number;
   /** How long a stopping worker waits for in-flight requests. */

@@ -10,6 +10,7 @@ import type { RouteConfig } from './supervisor.js';
 export const DEFAULT_HOST = '0.0.0.0';
 export const DEFAULT_MAX_BODY_BYTES = 1024 * 1024;
 export const DEFAULT_UPSTREAM_CONNECTIONS = 64;
+export const DEFAULT_UPSTREAM_PIPELINING = 1;
 export const DEFAULT_DRAIN_TIMEOUT_MS = 10_000;
 export const DEFAULT_CANCEL_GRACE_MS = 250;
 /** Seed 004: an unreachable node is marked failed for three seconds. */
@@ -40,6 +41,7 @@ export function defaultSettings(overrides: Partial<DataPlaneSettings> = {}): Dat
     maxResponseBytes: overrides.maxResponseBytes ?? DEFAULT_MAX_RESPONSE_BYTES,
     upstreamClient: overrides.upstreamClient ?? 'h1',
     upstreamConnections: overrides.upstreamConnections ?? DEFAULT_UPSTREAM_CONNECTIONS,
+    upstreamPipelining: overrides.upstreamPipelining ?? DEFAULT_UPSTREAM_PIPELINING,
     cancelGraceMs: overrides.cancelGraceMs ?? DEFAULT_CANCEL_GRACE_MS,
     drainTimeoutMs: overrides.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS,
     forwardedFor: overrides.forwardedFor ?? false,
