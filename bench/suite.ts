@@ -4,7 +4,9 @@
  *
  *   node dist/bench/suite.js [--quick] [--repeats 3] [--seconds 5] [--prewarm 2]
  *       [--contenders direct,lakefront-1t,lakefront-2t,node-proxy,nginx-1w,nginx-2w,haproxy-1t,haproxy-2t]
- *       (also floor-1t, floor-2t: the least a uWS + Node proxy does, bench/floor-proxy.ts; not in the default set)
+ *       (also floor-1t, floor-2t: the least a uWS + Node proxy does, bench/floor-proxy.ts; lakefront-pipe-1t,
+ *       lakefront-pipe-2t: Lakefront with --upstream-pipelining 8; floor-pipe-1t, floor-pipe-2t: the floor
+ *       with --pipelining; none in the default set)
  *       [--workloads post256,get1k,get16k,mix8020] [--connections 64,1024] [--no-write]
  *       [--generator autocannon|wrk] [--section NAME]
  *
@@ -60,11 +62,13 @@ for (const name of workloadNames) if (!WORKLOADS[name]) throw new Error(`unknown
 async function startContender(name: string, upstream: Upstream): Promise<Contender | string> {
   if (name === 'direct') return direct(upstream);
   if (name === 'node-proxy') return startNodeProxy(upstream);
-  const m = name.match(/^(lakefront|floor|nginx|haproxy)-(\d+)[tw]$/);
+  const m = name.match(/^(lakefront|lakefront-pipe|floor|floor-pipe|nginx|haproxy)-(\d+)[tw]$/);
   if (!m) throw new Error(`unknown contender ${name}`);
   const n = Number(m[2]);
   if (m[1] === 'lakefront') return startLakefront(upstream, { threads: n });
+  if (m[1] === 'lakefront-pipe') return startLakefront(upstream, { threads: n, extraArgs: ['--upstream-pipelining', '8'], name });
   if (m[1] === 'floor') return startFloorProxy(upstream, n);
+  if (m[1] === 'floor-pipe') return startFloorProxy(upstream, n, true);
   if (m[1] === 'nginx') return startNginx(upstream, n);
   return startHaproxy(upstream, n);
 }

@@ -98,10 +98,10 @@ export async function startNodeProxy(upstream: Upstream): Promise<Contender> {
   return { name: 'node-proxy', url: `http://127.0.0.1:${ready.port as number}`, proc };
 }
 
-/** The floor of Lakefront's design (bench/floor-proxy.ts) at `threads` worker threads. */
-export async function startFloorProxy(upstream: Upstream, threads: number): Promise<Contender> {
-  const name = `floor-${threads}t`;
-  const { proc, ready } = await spawnReady(name, process.execPath, [join(DIST, 'floor-proxy.js'), '--port', '0', '--threads', String(threads), '--nodes', nodeList(upstream)]);
+/** The floor of Lakefront's design (bench/floor-proxy.ts) at `threads` worker threads, pipelining or not. */
+export async function startFloorProxy(upstream: Upstream, threads: number, pipelining = false): Promise<Contender> {
+  const name = `floor-${pipelining ? 'pipe-' : ''}${threads}t`;
+  const { proc, ready } = await spawnReady(name, process.execPath, [join(DIST, 'floor-proxy.js'), '--port', '0', '--threads', String(threads), '--nodes', nodeList(upstream), ...(pipelining ? ['--pipelining'] : [])]);
   return { name, url: `http://127.0.0.1:${ready.port as number}`, proc };
 }
 
