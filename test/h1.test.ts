@@ -89,7 +89,7 @@ function request(method: string, path: string, headers: string[] = [], body: str
 const agent = new H1Agent(10);
 after(() => agent.close(true));
 
-async function setup(respond?: (req: RawRequest) => void, options: { connections?: number; requestTimeoutMs?: number; maxResponseBytes?: number; pipelining?: number } = {}): Promise<{ server: RawServer; pool: H1Pool }> {
+async function setup(respond?: (req: RawRequest) => void, options: { connections?: number; requestTimeoutMs?: number; maxResponseBytes?: number; pipelining?: number; pipeliningPauseMs?: number } = {}): Promise<{ server: RawServer; pool: H1Pool }> {
   const server = new RawServer();
   if (respond) server.respond = respond;
   const port = await server.listen();
@@ -98,6 +98,7 @@ async function setup(respond?: (req: RawRequest) => void, options: { connections
     requestTimeoutMs: options.requestTimeoutMs ?? 2_000,
     ...(options.maxResponseBytes !== undefined ? { maxResponseBytes: options.maxResponseBytes } : {}),
     ...(options.pipelining !== undefined ? { pipelining: options.pipelining } : {}),
+    ...(options.pipeliningPauseMs !== undefined ? { pipeliningPauseMs: options.pipeliningPauseMs } : {}),
   });
   return { server, pool };
 }
@@ -792,7 +793,7 @@ describe('h1 client pipelining', () => {
     }
   });
 
-  it('when a pipelined connection breaks: the request answered first fails, those behind it go again once', async () => {
+  it('when a pipelined connection is reset before any answer, every request on it goes again once', async () => {
     // The first connection is reset once it has all three; after that, /c is reset wherever it goes.
     const { server, pool } = await setup(
       (req) => {
@@ -806,15 +807,14 @@ describe('h1 client pipelining', () => {
     );
     try {
       const [a, b, c] = await Promise.all(['/a', '/b', '/c'].map((path) => send(pool, request('GET', path))));
-      // On a fresh connection (nothing served on it), /a's failure is no stale connection: not resent.
-      assert.equal(a!.status, undefined);
-      assert.equal(a!.error?.unsent, false, 'it may have been served');
+      // RFC 9112 9.3.2: unanswered pipelined requests are retried, the first one too.
+      assert.equal(a!.body, '/a', 'sent again and answered');
       assert.equal(b!.body, '/b', 'sent again and answered');
       assert.equal(c!.status, undefined, 'sent again once, and no more');
       assert.equal(c!.error?.unsent, false);
       assert.deepEqual(
         server.requests.map((r) => r.head.split(' ')[1]).sort(),
-        ['/a', '/b', '/b', '/c', '/c'],
+        ['/a', '/a', '/b', '/b', '/c', '/c'],
       );
     } finally {
       pool.close(true);
@@ -862,6 +862,43 @@ describe('h1 client pipelining', () => {
       assert.equal((await e).body, '/e');
       assert.equal((await f).body, '/f');
       assert.deepEqual(server.requests.slice(-5).map((r) => r.head.split(' ')[1]), ['/d', '/e', '/f', '/e', '/f']);
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
+  it('sends again the reads a node refused to take pipelined, and sends that node none for a while', async () => {
+    // As a uWebSockets.js server does: a request that comes while the answer to the one before it
+    // on the connection is deferred closes the connection, with nothing written.
+    const { server, pool } = await setup(undefined, { connections: 8, pipelining: 4, pipeliningPauseMs: 150 });
+    const open = new Map<number, boolean>();
+    server.respond = (req) => {
+      if (open.get(req.connection) === true) {
+        req.socket.end();
+        return;
+      }
+      open.set(req.connection, true);
+      setImmediate(() => {
+        if (req.socket.writable) req.socket.write(echoPath(req));
+        open.set(req.connection, false);
+      });
+    };
+    try {
+      assert.equal(pool.pipeliningPaused, false);
+      const outs = await Promise.all(['/a', '/b', '/c'].map((path) => send(pool, request('GET', path))));
+      assert.deepEqual(outs.map((o) => o.body ?? o.error?.message), ['/a', '/b', '/c'], 'each answered, none failed');
+      assert.equal(pool.pipeliningPaused, true);
+      const before = server.requests.length;
+      const again = await Promise.all(['/d', '/e', '/f'].map((path) => send(pool, request('GET', path))));
+      assert.deepEqual(again.map((o) => o.body), ['/d', '/e', '/f']);
+      const later = server.requests.slice(before);
+      assert.equal(new Set(later.map((r) => r.connection)).size, 3, 'paused: one request a connection');
+      // The pause ends (the agent's sweep moves the coarse clock on), and pipelining is tried again.
+      while (pool.pipeliningPaused) await new Promise((resolve) => setTimeout(resolve, 20));
+      const from = server.requests.length;
+      await Promise.all(['/g', '/h'].map((path) => send(pool, request('GET', path))));
+      assert.equal(server.requests.slice(from)[0]!.connection, server.requests.slice(from)[1]!.connection, 'pipelined again');
     } finally {
       pool.close(true);
       server.close();

@@ -81,6 +81,8 @@ export interface H1Options {
    * Default 1: one request a connection at a time.
    */
   readonly pipelining?: number;
+  /** How long a node that refused a pipeline gets none (see `H1Pool.pausePipelining`). Default 60000. */
+  readonly pipeliningPauseMs?: number;
 }
 
 /** What an attempt hands the pool. */
@@ -150,6 +152,7 @@ for (let c = 0x41; c <= 0x5a; c++) TOKEN[c] = TOKEN[c + 0x20] = 1;
 
 const EMPTY = Buffer.alloc(0);
 const DEFAULT_KEEP_ALIVE_MS = 4_000;
+const DEFAULT_PIPELINING_PAUSE_MS = 60_000;
 /** Longest response head accepted. */
 const MAX_HEAD_BYTES = 64 * 1024;
 
@@ -356,12 +359,18 @@ class H1Connection {
     this.pending = null;
     const live = p !== null && !p.done ? p : null;
     const delimited = live !== null && cleanClose && this.closeDelimited && this.phase === Phase.UntilClose;
+    // The node ended the connection (a close or a reset, not a timeout or our cancel) with
+    // requests pipelined behind the one in hand, before a byte of its answer: it may not take
+    // pipelines (see `H1Pool.pausePipelining`). Every one of them is unanswered, the one in hand
+    // too, and is sent again, as RFC 9112 9.3.2 asks (safe reads, each once).
+    const refused = this.connected && this.hasFollowers() && !this.heard && (cleanClose || !(error instanceof H1Error));
+    if (refused) this.pool.pausePipelining();
     const behind = this.takeFollowers(error);
-    if (live !== null && !delimited && this.stale(live, error, cleanClose)) {
+    if (live !== null && !delimited && (this.stale(live, error, cleanClose) || (refused && live.resendable && !live.resent))) {
       const p = live;
-      // A kept-alive connection the node had closed (its idle timeout crossing our write): a
-      // safe read is sent once more, on the connection this one's end makes room for (not
-      // behind queued requests), and the node is not blamed.
+      // A kept-alive connection the node had closed (its idle timeout crossing our write), or a
+      // pipeline it refused: a safe read is sent once more, on the connection this one's end
+      // makes room for (not behind queued requests), and the node is not blamed.
       p.resent = true;
       p.conn = null;
       this.pool.forget(this, behind === null ? [p] : [p, ...behind]);
@@ -866,6 +875,9 @@ export class H1Pool {
   readonly pipelining: number;
   /** This loop turn's connection that resendable requests may follow on, corked until the turn ends. */
   turnConn: H1Connection | null = null;
+  private readonly pipeliningPauseMs: number;
+  /** Coarse time before which nothing is pipelined to the node (see `pausePipelining`). */
+  private pipeliningPausedUntil = 0;
   private readonly idle: H1Connection[] = [];
   private readonly all = new Set<H1Connection>();
   private queue: Pending[] = [];
@@ -884,6 +896,24 @@ export class H1Pool {
     this.keepAliveTimeoutMs = options.keepAliveTimeoutMs ?? DEFAULT_KEEP_ALIVE_MS;
     this.maxResponseBytes = options.maxResponseBytes ?? DEFAULT_MAX_RESPONSE_BYTES;
     this.pipelining = Math.max(1, options.pipelining ?? 1);
+    this.pipeliningPauseMs = options.pipeliningPauseMs ?? DEFAULT_PIPELINING_PAUSE_MS;
+  }
+
+  /** Whether requests are not pipelined to the node for now (see `pausePipelining`). */
+  get pipeliningPaused(): boolean {
+    return coarseNow < this.pipeliningPausedUntil;
+  }
+
+  /**
+   * @internal the node ended a connection with requests pipelined on it before a byte of the
+   * first answer: as a server that does not take pipelines does (a uWebSockets.js server closes
+   * the connection when a request comes behind an answer it has deferred). Those requests are sent
+   * again (`takeFollowers`); for `pipeliningPauseMs` this thread sends the node one request a
+   * connection at a time, then tries again. (A node that restarts under load pauses it too: a
+   * minute of the plain way.)
+   */
+  pausePipelining(): void {
+    this.pipeliningPausedUntil = coarseNow + this.pipeliningPauseMs;
   }
 
   /** Connections open (idle or busy). */
@@ -915,7 +945,7 @@ export class H1Pool {
       queueMicrotask(() => handler.onError(new H1Error(H1Codes.POOL_CLOSED, 'pool closed', true)));
       return p;
     }
-    if (resendable && this.pipelining > 1) {
+    if (resendable && this.pipelining > 1 && coarseNow >= this.pipeliningPausedUntil) {
       const open = this.turnConn;
       if (open !== null && !open.closed && open.inFlight < this.pipelining) {
         open.follow(p);
