@@ -905,6 +905,32 @@ describe('h1 client pipelining', () => {
     }
   });
 
+  it('puts the requests behind a leader cancelled before they left back in the queue, as they were', async () => {
+    const { server, pool } = await setup((req) => req.socket.write(echoPath(req)), { connections: 8, pipelining: 4 });
+    try {
+      // On a fresh connection, cancelled while it connects; then on a kept-alive one, cancelled
+      // in the turn it was written in (its socket still corked).
+      for (const round of ['connecting', 'corked'] as const) {
+        if (round === 'corked') await sendAfterPoll(pool, request('GET', '/warm'));
+        const from = server.requests.length;
+        const a = handler();
+        let aHeard = false;
+        a.onResponse = a.onError = () => (aHeard = true);
+        const ta = pool.send(request('GET', '/a'), a);
+        const b = send(pool, request('GET', '/b'));
+        const c = send(pool, request('GET', '/c'));
+        pool.cancel(ta);
+        assert.equal((await b).body, '/b', round);
+        assert.equal((await c).body, '/c', round);
+        assert.equal(aHeard, false);
+        assert.deepEqual(server.requests.slice(from).map((r) => r.head.split(' ')[1]), ['/b', '/c'], `${round}: /a never sent, the others once`);
+      }
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
   it('closes a connection once every request left on it was cancelled', async () => {
     const held: RawRequest[] = [];
     const { server, pool } = await setup((req) => held.push(req), { connections: 8, pipelining: 3 });

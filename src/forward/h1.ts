@@ -363,7 +363,7 @@ class H1Connection {
     // requests pipelined behind the one in hand, before a byte of its answer: it may not take
     // pipelines (see `H1Pool.pausePipelining`). Every one of them is unanswered, the one in hand
     // too, and is sent again, as RFC 9112 9.3.2 asks (safe reads, each once).
-    const refused = this.connected && this.hasFollowers() && !this.heard && (cleanClose || !(error instanceof H1Error));
+    const refused = this.connected && this.socket.writableCorked === 0 && this.hasFollowers() && !this.heard && (cleanClose || !(error instanceof H1Error));
     if (refused) this.pool.pausePipelining();
     const behind = this.takeFollowers(error);
     if (live !== null && !delimited && (this.stale(live, error, cleanClose) || (refused && live.resendable && !live.resent))) {
@@ -403,18 +403,24 @@ class H1Connection {
    * Takes the requests written behind the one in hand off this connection, which is ending
    * before their answers: each is sent again (RFC 9112 9.3.2: a client SHOULD retry unanswered
    * pipelined requests; followers are safe reads), on a fresh connection, unless it was sent
-   * again once already or never left (a connection never made: it fails as its leader does).
-   * Returns those to send again (to `H1Pool.forget`); the others fail in `reportFailedFollowers`.
+   * again once already, or the node could not be reached (a connection never made: they fail as
+   * their leader does). Ones whose bytes never left (a connection not yet made, or a socket still
+   * corked for its turn) and that are not failing with it (their leader was cancelled: ours, not
+   * the node's) go back to the queue as they were, not as a resend. Returns those to send again
+   * (to `H1Pool.forget`); the others fail in `reportFailedFollowers`.
    */
   private takeFollowers(error: H1Error | NodeJS.ErrnoException): Pending[] | null {
     const list = this.followers;
     if (list === null || this.followerAt >= list.length) return null;
     let again: Pending[] | null = null;
+    const neverLeft = !this.connected || this.socket.writableCorked > 0;
+    const ours = error instanceof H1Error && error.code === H1Codes.CANCELLED;
     for (let i = this.followerAt; i < list.length; i++) {
       const f = list[i]!;
       if (f.done) continue;
       f.conn = null;
-      if (this.connected && f.resendable && !f.resent) {
+      if (neverLeft && (ours || this.connected)) (again ??= []).push(f);
+      else if (this.connected && f.resendable && !f.resent) {
         f.resent = true;
         (again ??= []).push(f);
       } else {
