@@ -20,7 +20,7 @@ import { FrontDoor, type FrontDoorConfig } from '../src/server/supervisor.js';
 import { Client, Pool } from 'undici';
 import { doorConfig } from './fixtures/door.js';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
-import { startRawNode } from './fixtures/raw-node.js';
+import { startRawNode, type RawNode } from './fixtures/raw-node.js';
 import { call, inTurn, ranking, rawExchange, rpc, type Reply } from './fixtures/http.js';
 
 async function frontOver(nodes: FakeNode[], options: { hedgeDelayMs?: number; healthIntervalMs?: number } = {}): Promise<RouterServer> {
@@ -1102,49 +1102,15 @@ describe('front door: membership and health', () => {
 
 describe('front door: upstream pipelining', () => {
   /**
-   * A node that answers each request at once with its path, and records for every read the
-   * requests that came in it: a read with two or more means they were written behind one another
-   * (answers go at once, so nothing else can put two on one connection's read).
+   * A node that answers each request at once with its path: a read of it with two requests or
+   * more means they were written behind one another (answers go at once, so nothing else can put
+   * two on one connection's read).
    */
-  async function readNode(): Promise<{ url: string; reads: string[][]; stop: () => Promise<void> }> {
-    const reads: string[][] = [];
-    const sockets = new Set<import('node:net').Socket>();
-    const server = createServer((socket) => {
-      sockets.add(socket);
-      socket.on('close', () => sockets.delete(socket));
-      socket.on('error', () => undefined);
-      let pending = '';
-      socket.on('data', (data) => {
-        pending += data.toString('latin1');
-        const read: string[] = [];
-        let answers = '';
-        for (;;) {
-          const headEnd = pending.indexOf('\r\n\r\n');
-          if (headEnd < 0) break;
-          const length = /\r\ncontent-length: *(\d+)/i.exec(pending.slice(0, headEnd));
-          const end = headEnd + 4 + (length ? Number(length[1]) : 0);
-          if (pending.length < end) break;
-          const [method, path] = pending.slice(0, pending.indexOf('\r\n')).split(' ') as [string, string];
-          pending = pending.slice(end);
-          if (path !== '/health') read.push(`${method} ${path}`);
-          answers += `HTTP/1.1 200 OK\r\ncontent-length: ${path.length}\r\n\r\n${path}`;
-        }
-        if (read.length > 0) reads.push(read);
-        socket.write(answers);
-      });
+  function readNode(): Promise<RawNode> {
+    return startRawNode('n', (socket, request) => {
+      const path = request.slice(request.indexOf(' ') + 1, request.indexOf(' HTTP/'));
+      socket.write(`HTTP/1.1 200 OK\r\ncontent-length: ${path.length}\r\n\r\n${path}`);
     });
-    server.listen(0, '127.0.0.1');
-    await once(server, 'listening');
-    return {
-      url: `http://127.0.0.1:${(server.address() as { port: number }).port}`,
-      reads,
-      async stop() {
-        const closed = once(server, 'close');
-        server.close();
-        for (const socket of sockets) socket.destroy();
-        await closed;
-      },
-    };
   }
 
   /** 600 GETs and 150 POSTs over 32 client connections: every answer its own, and what the node read. */
@@ -1175,7 +1141,7 @@ describe('front door: upstream pipelining', () => {
 
   it("writes a turn's reads to a node behind one another, never a write, and each gets its own answer", async () => {
     const node = await readNode();
-    const door = await FrontDoor.start(doorConfig([{ id: 'n', url: node.url }], { upstreamPipelining: 8, hedgeMode: 'off' }));
+    const door = await FrontDoor.start(doorConfig([node], { upstreamPipelining: 8, hedgeMode: 'off' }));
     try {
       const reads = await load(door, node);
       const shared = reads.filter((r) => r.length > 1);
@@ -1190,7 +1156,7 @@ describe('front door: upstream pipelining', () => {
 
   it('writes one request a connection at a time by default', async () => {
     const node = await readNode();
-    const door = await FrontDoor.start(doorConfig([{ id: 'n', url: node.url }], { hedgeMode: 'off' }));
+    const door = await FrontDoor.start(doorConfig([node], { hedgeMode: 'off' }));
     try {
       const reads = await load(door, node);
       assert.deepEqual(reads.filter((r) => r.length > 1), []);
