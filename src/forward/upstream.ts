@@ -12,8 +12,9 @@
  * cannot cancel a request already sent except by closing its connection, and a closed connection
  * costs a reconnect (measured here: GET 1 KiB under saturation went from 34 to 66 us of CPU a
  * request when every hedge loser closed its socket). So a cancelled attempt's answer is
- * discarded, and its connection is closed only if it has not finished within `cancelGraceMs`. An
- * attempt not yet written to a socket is dropped at once.
+ * discarded, and its connection is closed only if it has not finished within `cancelGraceMs` (one
+ * pipelined behind another is never cut off: its answer is read and dropped, see `H1Pool.cancel`).
+ * An attempt not yet written to a socket is dropped at once.
  */
 import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
