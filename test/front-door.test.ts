@@ -1148,6 +1148,11 @@ describe('front door: upstream pipelining', () => {
       assert.ok(shared.length > 0, 'some reads of the node held two requests or more');
       for (const read of shared) assert.ok(read.every((r) => r.startsWith('GET ')), `a write shared a read: ${read.join(', ')}`);
       assert.ok(Math.max(...reads.map((r) => r.length)) <= 8, 'at most 8 a connection');
+      const stats = (await call(`${door.url}/stats`)).json<{ pipelining: { pipelined: number; refused: number } }>();
+      // Each request the node read behind another in one read followed it (a batch split over two reads would count fewer here).
+      assert.ok(stats.pipelining.pipelined >= reads.reduce((n, r) => n + r.length - 1, 0) && stats.pipelining.pipelined > 0, `/stats counts each request that followed another: ${stats.pipelining.pipelined}`);
+      assert.ok(stats.pipelining.pipelined < 600, 'only reads follow');
+      assert.equal(stats.pipelining.refused, 0);
     } finally {
       await door.stop();
       await node.stop();
@@ -1160,6 +1165,7 @@ describe('front door: upstream pipelining', () => {
     try {
       const reads = await load(door, node);
       assert.deepEqual(reads.filter((r) => r.length > 1), []);
+      assert.deepEqual((await call(`${door.url}/stats`)).json<{ pipelining: unknown }>().pipelining, { pipelined: 0, refused: 0 });
     } finally {
       await door.stop();
       await node.stop();

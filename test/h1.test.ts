@@ -8,7 +8,7 @@ import { createServer, type AddressInfo, type Server, type Socket } from 'node:n
 import { after, describe, it } from 'node:test';
 import { isUnsent } from '../src/forward/exchange.js';
 import { undiciFailure } from '../src/forward/upstream.js';
-import { H1Agent, H1Codes, headBlock, type H1Handler, type H1Pool, type H1Request } from '../src/forward/h1.js';
+import { H1Agent, H1Codes, headBlock, type H1Handler, type H1Pool, type H1Request, type PipelineCounters } from '../src/forward/h1.js';
 
 interface RawRequest {
   readonly text: string;
@@ -89,7 +89,7 @@ function request(method: string, path: string, headers: string[] = [], body: str
 const agent = new H1Agent(10);
 after(() => agent.close(true));
 
-async function setup(respond?: (req: RawRequest) => void, options: { connections?: number; requestTimeoutMs?: number; maxResponseBytes?: number; pipelining?: number; pipeliningPauseMs?: number } = {}): Promise<{ server: RawServer; pool: H1Pool }> {
+async function setup(respond?: (req: RawRequest) => void, options: { connections?: number; requestTimeoutMs?: number; maxResponseBytes?: number; pipelining?: number; pipeliningPauseMs?: number; pipelineCounters?: PipelineCounters } = {}): Promise<{ server: RawServer; pool: H1Pool }> {
   const server = new RawServer();
   if (respond) server.respond = respond;
   const port = await server.listen();
@@ -99,6 +99,7 @@ async function setup(respond?: (req: RawRequest) => void, options: { connections
     ...(options.maxResponseBytes !== undefined ? { maxResponseBytes: options.maxResponseBytes } : {}),
     ...(options.pipelining !== undefined ? { pipelining: options.pipelining } : {}),
     ...(options.pipeliningPauseMs !== undefined ? { pipeliningPauseMs: options.pipeliningPauseMs } : {}),
+    ...(options.pipelineCounters !== undefined ? { pipelineCounters: options.pipelineCounters } : {}),
   });
   return { server, pool };
 }
@@ -689,12 +690,15 @@ async function turn(): Promise<void> {
 
 describe('h1 client pipelining', () => {
   it("writes a turn's safe reads behind one another, up to the limit a connection, each given its own answer", async () => {
-    const { server, pool } = await setup((req) => req.socket.write(echoPath(req)), { connections: 8, pipelining: 3 });
+    const counts = { pipelined: 0, refused: 0 };
+    const pipelineCounters = { pipelined: () => counts.pipelined++, refused: () => counts.refused++ };
+    const { server, pool } = await setup((req) => req.socket.write(echoPath(req)), { connections: 8, pipelining: 3, pipelineCounters });
     try {
       const paths = ['/a', '/b', '/c', '/d', '/e', '/f', '/g'];
       const outs = await Promise.all(paths.map((path) => send(pool, request('GET', path))));
       assert.deepEqual(outs.map((o) => o.body ?? o.error?.message), paths);
       assert.deepEqual(seen(server), ['1 /a', '1 /b', '1 /c', '2 /d', '2 /e', '2 /f', '3 /g']);
+      assert.deepEqual(counts, { pipelined: 4, refused: 0 }, 'b, c, e and f followed another');
       // A later turn's request does not follow one still in flight: the turn is over.
       const held: RawRequest[] = [];
       server.respond = (req) => held.push(req);
@@ -871,7 +875,8 @@ describe('h1 client pipelining', () => {
   it('sends again the reads a node refused to take pipelined, and sends that node none for a while', async () => {
     // As a uWebSockets.js server does: a request that comes while the answer to the one before it
     // on the connection is deferred closes the connection, with nothing written.
-    const { server, pool } = await setup(undefined, { connections: 8, pipelining: 4, pipeliningPauseMs: 150 });
+    let refused = 0;
+    const { server, pool } = await setup(undefined, { connections: 8, pipelining: 4, pipeliningPauseMs: 150, pipelineCounters: { pipelined: () => undefined, refused: () => refused++ } });
     const open = new Map<number, boolean>();
     server.respond = (req) => {
       if (open.get(req.connection) === true) {
@@ -889,6 +894,7 @@ describe('h1 client pipelining', () => {
       const outs = await Promise.all(['/a', '/b', '/c'].map((path) => send(pool, request('GET', path))));
       assert.deepEqual(outs.map((o) => o.body ?? o.error?.message), ['/a', '/b', '/c'], 'each answered, none failed');
       assert.equal(pool.pipeliningPaused, true);
+      assert.equal(refused, 1, 'counted once');
       const before = server.requests.length;
       const again = await Promise.all(['/d', '/e', '/f'].map((path) => send(pool, request('GET', path))));
       assert.deepEqual(again.map((o) => o.body), ['/d', '/e', '/f']);

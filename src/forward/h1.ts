@@ -84,6 +84,13 @@ export interface H1Options {
   readonly pipelining?: number;
   /** How long a node that refused a pipeline gets none (see `H1Pool.pausePipelining`). Default 60000. */
   readonly pipeliningPauseMs?: number;
+  /** Told of each request written behind another, and of each pipeline the node refused (for `/stats`). */
+  readonly pipelineCounters?: PipelineCounters;
+}
+
+export interface PipelineCounters {
+  pipelined(): void;
+  refused(): void;
 }
 
 /** What an attempt hands the pool. */
@@ -279,6 +286,7 @@ class H1Connection {
 
   /** Writes `p` behind the requests in flight here (pipelined): its answer comes after theirs. */
   follow(p: Pending): void {
+    this.pool.counters?.pipelined();
     if (!p.resent) p.writtenAt = coarseNow;
     p.conn = this;
     (this.followers ??= []).push(p);
@@ -883,6 +891,8 @@ export class H1Pool {
   /** This loop turn's connection that resendable requests may follow on, corked until the turn ends. */
   turnConn: H1Connection | null = null;
   private readonly pipeliningPauseMs: number;
+  /** @internal told of pipelined requests and refused pipelines. */
+  readonly counters: PipelineCounters | null;
   /** Coarse time before which nothing is pipelined to the node (see `pausePipelining`). */
   private pipeliningPausedUntil = 0;
   private readonly idle: H1Connection[] = [];
@@ -904,6 +914,7 @@ export class H1Pool {
     this.maxResponseBytes = options.maxResponseBytes ?? DEFAULT_MAX_RESPONSE_BYTES;
     this.pipelining = Math.max(1, options.pipelining ?? 1);
     this.pipeliningPauseMs = options.pipeliningPauseMs ?? DEFAULT_PIPELINING_PAUSE_MS;
+    this.counters = options.pipelineCounters ?? null;
   }
 
   /** Whether requests are not pipelined to the node for now (see `pausePipelining`). */
@@ -920,6 +931,7 @@ export class H1Pool {
    * minute of the plain way.)
    */
   pausePipelining(): void {
+    this.counters?.refused();
     this.pipeliningPausedUntil = coarseNow + this.pipeliningPauseMs;
   }
 

@@ -22,7 +22,7 @@ import { errors as undiciErrors, Pool } from 'undici';
 import type { Dispatcher } from 'undici';
 import { isGatewayFailure, type AttemptHandle } from './exchange.js';
 import { HeaderFields, isChunkedOnly } from './fields.js';
-import { H1Codes, H1Error, connectTimeoutFor, headBlock, isResendableMethod, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket } from './h1.js';
+import { H1Codes, H1Error, connectTimeoutFor, headBlock, isResendableMethod, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket, type PipelineCounters } from './h1.js';
 import { OP_READ } from '../server/protocol.js';
 
 export type UpstreamClientKind = 'h1' | 'undici';
@@ -99,6 +99,8 @@ export interface TransportOptions {
   readonly maxResponseBytes?: number;
   /** The h1 client's pipelining (see `H1Pool.send`); undici keeps one request a connection. Default 1. */
   readonly pipelining?: number;
+  /** Told of the h1 client's pipelined requests and refused pipelines. */
+  readonly pipelineCounters?: PipelineCounters;
 }
 
 /**
@@ -247,6 +249,7 @@ class H1Transport implements NodeTransport {
       requestTimeoutMs: options.requestTimeoutMs,
       ...(options.maxResponseBytes !== undefined ? { maxResponseBytes: options.maxResponseBytes } : {}),
       ...(options.pipelining !== undefined ? { pipelining: options.pipelining } : {}),
+      ...(options.pipelineCounters !== undefined ? { pipelineCounters: options.pipelineCounters } : {}),
     });
   }
 

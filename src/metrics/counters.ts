@@ -27,7 +27,8 @@
  *                                settles, and not if a later primary was hedged
  *  6              websockets     WebSocket tunnels open (a gauge: up when the node accepts, down
  *                                when the tunnel ends)
- *  7              reserved
+ *  7              pipelined      reads written behind another on a connection to a node
+ *                                (`--upstream-pipelining`)
  *  8              quorumFailures replicated requests the front door answered with an error of its
  *                                own: no quorum (502/503), nothing sent (503), or shut down
  *  9              standIns       writes and reads sent to a node past the key's replicas: a
@@ -40,10 +41,12 @@
  * 15              hintsLost      hints dropped at a stop (no hints file, or it could not be
  *                                written) or at a start (their route or replica no longer
  *                                configured); a crashed worker's are not counted (they went with it)
- * 16 + 4n + 0     node n: attempts started
- * 16 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
- * 16 + 4n + 2     node n: attempts in flight (up on start, down on end)
- * 16 + 4n + 3     node n: attempts that won (answered the client)
+ * 16              pipelinesRefused connections a node ended with requests pipelined on it before a
+ *                                byte of the first answer (each pauses pipelining to it a while)
+ * 17 + 4n + 0     node n: attempts started
+ * 17 + 4n + 1     node n: attempts failed (error, timeout, 502/503/504)
+ * 17 + 4n + 2     node n: attempts in flight (up on start, down on end)
+ * 17 + 4n + 3     node n: attempts that won (answered the client)
  * ```
  */
 
@@ -54,6 +57,7 @@ export const C_FAILOVERS = 3;
 export const C_REJECTED = 4;
 export const C_HEDGES_DENIED = 5;
 export const C_WEBSOCKETS = 6;
+export const C_PIPELINED = 7;
 export const C_QUORUM_FAILURES = 8;
 export const C_STAND_INS = 9;
 export const C_READ_REPAIRS = 10;
@@ -62,7 +66,8 @@ export const C_HINTS_DELIVERED = 12;
 export const C_HINTS_EXPIRED = 13;
 export const C_HINTS_REFUSED = 14;
 export const C_HINTS_LOST = 15;
-const SLOT_HEADER = 16;
+export const C_PIPELINES_REFUSED = 16;
+const SLOT_HEADER = 17;
 const PER_NODE = 4;
 export const N_ATTEMPTS = 0;
 export const N_FAILURES = 1;
@@ -95,6 +100,8 @@ export interface CounterTotals {
   hintsExpired: number;
   hintsRefused: number;
   hintsLost: number;
+  pipelined: number;
+  pipelinesRefused: number;
   nodes: NodeTotals[];
 }
 
@@ -269,6 +276,8 @@ export function readTotals(buffer: SharedArrayBuffer, slots: number, nodeCount: 
     hintsExpired: sum(C_HINTS_EXPIRED),
     hintsRefused: sum(C_HINTS_REFUSED),
     hintsLost: sum(C_HINTS_LOST),
+    pipelined: sum(C_PIPELINED),
+    pipelinesRefused: sum(C_PIPELINES_REFUSED),
     nodes,
   };
 }

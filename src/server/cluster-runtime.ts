@@ -18,6 +18,8 @@ import {
   C_FAILOVERS,
   C_HEDGES,
   C_HEDGES_DENIED,
+  C_PIPELINED,
+  C_PIPELINES_REFUSED,
   C_HEDGE_WINS,
   C_HINTS_DELIVERED,
   C_HINTS_LOST,
@@ -212,6 +214,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
       cancelGraceMs: settings.cancelGraceMs,
       ...(settings.maxResponseBytes !== undefined ? { maxResponseBytes: settings.maxResponseBytes } : {}),
       ...(settings.upstreamPipelining !== undefined ? { pipelining: settings.upstreamPipelining } : {}),
+      pipelineCounters: { pipelined: () => slot.bump(C_PIPELINED), refused: () => slot.bump(C_PIPELINES_REFUSED) },
     };
     this.transports = spec.nodes.map((g) => createTransport(settings.upstreamClient, nodes[g]!.url, transportOptions, this, agent));
     this.requestTimeoutMs = settings.requestTimeoutMs;

@@ -695,6 +695,7 @@ export class FrontDoor extends EventEmitter {
       rejected: totals.rejected,
       hedgesDenied: totals.hedgesDenied,
       websockets: totals.websockets,
+      pipelining: { pipelined: totals.pipelined, refused: totals.pipelinesRefused },
       quorum: {
         failures: totals.quorumFailures,
         standIns: totals.standIns,
