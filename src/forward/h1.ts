@@ -955,7 +955,9 @@ export class H1Pool {
    * as RFC 9112 9.3.2 asks (nothing pipelined behind a non-idempotent request), and is never sent
    * twice; a follower whose connection ends before its answer is sent again (see `takeFollowers`).
    * The cost is head-of-line blocking within a turn's requests to one node: one that waits on a
-   * slow answer waits behind it (hedging still starts a copy elsewhere at its own trigger).
+   * slow answer waits behind it (hedging still starts a copy elsewhere at its own trigger), and
+   * times out with it if that answer takes longer than the request timeout (it runs from each
+   * request's own write). A node that refuses pipelines is sent none for a while (`pausePipelining`).
    */
   send(request: H1Request, handler: H1Handler, expectBody = true, resendable = isResendableMethod(request.method)): H1Ticket {
     const p = new Pending(request, handler, expectBody, resendable);
@@ -1048,8 +1050,8 @@ export class H1Pool {
   }
 
   /**
-   * @internal a connection is gone: its room goes to `resends` (requests sent on it once, to
-   * send again, in order: see `H1Connection.fail` and `takeFollowers`), ahead of queued requests.
+   * @internal a connection is gone: its room goes to `resends` (requests taken off it to send
+   * again, in order: see `H1Connection.fail` and `takeFollowers`), ahead of queued requests.
    */
   forget(conn: H1Connection, resends: Pending[] | null = null): void {
     if (this.turnConn === conn) this.turnConn = null;
