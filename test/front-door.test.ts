@@ -131,6 +131,8 @@ describe('front door: the hedge budget', () => {
       [{ requestTimeoutMs: -1 }, /^requestTimeoutMs: bad value -1/],
       [{ healthIntervalMs: 0 }, /^healthIntervalMs: bad value 0 \(milliseconds, 10-3600000\)$/],
       [{ unreachableHoldMs: -1 }, /^unreachableHoldMs: bad value -1 \(milliseconds, 0-3600000\)$/],
+      [{ upstreamPipelining: 0 }, /^upstreamPipelining: bad value 0 \(requests a connection, 1-256\)$/],
+      [{ upstreamPipelining: 2.5 }, /^upstreamPipelining: bad value 2\.5 \(a whole number\)$/],
     ] as const) {
       await assert.rejects(route({ nodes, ...options }), (err: Error) => {
         assert.equal(err.name, 'ConfigError');
@@ -1155,6 +1157,19 @@ describe('front door: upstream pipelining', () => {
       assert.equal(stats.pipelining.refused, 0);
     } finally {
       await door.stop();
+      await node.stop();
+    }
+  });
+
+  it('route() takes upstreamPipelining as the command takes --upstream-pipelining', async () => {
+    const node = await readNode();
+    const server = await route({ nodes: [{ id: 'n', url: node.url }], port: 0, host: '127.0.0.1', threads: 1, healthIntervalMs: 60_000, hedgeDelayMs: 60_000, upstreamPipelining: 8 });
+    try {
+      const reads = await load(server.frontDoor, node);
+      assert.ok(reads.some((r) => r.length > 1));
+      assert.ok((await call(`${server.url}/stats`)).json<{ pipelining: { pipelined: number } }>().pipelining.pipelined > 0);
+    } finally {
+      await server.stop();
       await node.stop();
     }
   });

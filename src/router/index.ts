@@ -41,6 +41,8 @@ export interface RouteOptions {
   readonly ejectAfter?: number;
   /** An ejected node's first hold (then twice, three times ... in a row, up to 300,000). Default 30,000. */
   readonly ejectMs?: number;
+  /** HTTP/1.1 pipelining of a loop turn's safe reads to a node, up to this many a connection (1-256; 1: none), as `--upstream-pipelining`. Default 1. */
+  readonly upstreamPipelining?: number;
 }
 
 export interface RouterServer {
@@ -81,6 +83,8 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
   const ejectAfter = bounded('ejectAfter', options.ejectAfter, 0, 1000, 'failed attempts in a row');
   if (ejectAfter !== undefined && !Number.isInteger(ejectAfter)) throw new ConfigError(`ejectAfter: bad value ${ejectAfter} (a whole number)`);
   const ejectMs = bounded('ejectMs', options.ejectMs, 1, 3_600_000, 'milliseconds');
+  const upstreamPipelining = bounded('upstreamPipelining', options.upstreamPipelining, 1, 256, 'requests a connection');
+  if (upstreamPipelining !== undefined && !Number.isInteger(upstreamPipelining)) throw new ConfigError(`upstreamPipelining: bad value ${upstreamPipelining} (a whole number)`);
   const door = await FrontDoor.start({
     host,
     port,
@@ -97,6 +101,7 @@ export async function route(options: RouteOptions): Promise<RouterServer> {
       ...(budget !== undefined ? { hedgeBudgetPercent: budget } : {}),
       ...(requestTimeoutMs !== undefined ? { requestTimeoutMs } : {}),
       ...(drain !== undefined ? { drainTimeoutMs: drain } : {}),
+      ...(upstreamPipelining !== undefined ? { upstreamPipelining } : {}),
     }),
   });
   return {
