@@ -210,6 +210,21 @@ function forPending(p: Pending, error: H1Error): H1Error {
   return p.resent && error.unsent ? new H1Error(error.code, error.message, false) : error;
 }
 
+/** Requests pipelined on a connection that is ending, taken off it (`H1Connection.takeFollowers`). */
+interface TakenFollowers {
+  /** To send again, in order (`H1Pool.forget`). */
+  readonly again: Pending[] | null;
+  /** To fail, with `error`. */
+  readonly failed: Pending[] | null;
+  readonly error: H1Error | NodeJS.ErrnoException;
+}
+
+function failFollowers(taken: TakenFollowers): void {
+  const { failed, error } = taken;
+  if (failed === null) return;
+  for (const f of failed) f.handler.onError(error instanceof H1Error ? forPending(f, error) : error);
+}
+
 class H1Connection {
   readonly socket: Socket;
   /** The request whose answer is being read (or awaited). */
@@ -374,7 +389,8 @@ class H1Connection {
     // too, and is sent again, as RFC 9112 9.3.2 asks (safe reads, each once).
     const refused = this.connected && this.socket.writableCorked === 0 && this.hasFollowers() && !this.heard && (cleanClose || !(error instanceof H1Error));
     if (refused) this.pool.pausePipelining();
-    const behind = this.takeFollowers(error);
+    const taken = this.takeFollowers(error);
+    const behind = taken === null ? null : taken.again;
     if (live !== null && !delimited && (this.stale(live, error, cleanClose) || (refused && live.resendable && !live.resent))) {
       const p = live;
       // A kept-alive connection the node had closed (its idle timeout crossing our write), or a
@@ -401,12 +417,9 @@ class H1Connection {
         }
       }
     }
-    this.reportFailedFollowers();
+    if (taken !== null) failFollowers(taken);
     this.socket.destroy();
   }
-
-  /** Followers `takeFollowers` could not send again, reported once the pool is in order. */
-  private failedFollowers: Array<[Pending, H1Error | NodeJS.ErrnoException]> | null = null;
 
   /**
    * Takes the requests written behind the one in hand off this connection, which is ending
@@ -416,12 +429,14 @@ class H1Connection {
    * their leader does). Ones whose bytes never left (a connection not yet made, or a socket still
    * corked for its turn) and that are not failing with it (their leader was cancelled: ours, not
    * the node's) go back to the queue as they were, not as a resend. Returns those to send again
-   * (to `H1Pool.forget`); the others fail in `reportFailedFollowers`.
+   * (for `H1Pool.forget`) and those to fail (with `failFollowers`, once the pool is in order);
+   * null when there were none.
    */
-  private takeFollowers(error: H1Error | NodeJS.ErrnoException): Pending[] | null {
+  private takeFollowers(error: H1Error | NodeJS.ErrnoException): TakenFollowers | null {
     const list = this.followers;
     if (list === null || this.followerAt >= list.length) return null;
     let again: Pending[] | null = null;
+    let failed: Pending[] | null = null;
     const neverLeft = !this.connected || this.socket.writableCorked > 0;
     const ours = error instanceof H1Error && error.code === H1Codes.CANCELLED;
     for (let i = this.followerAt; i < list.length; i++) {
@@ -434,20 +449,14 @@ class H1Connection {
         (again ??= []).push(f);
       } else {
         f.done = true;
-        const reported = this.connected ? error : new H1Error((error as { code?: string }).code ?? H1Codes.CLOSED, error.message, true);
-        (this.failedFollowers ??= []).push([f, reported]);
+        (failed ??= []).push(f);
       }
     }
     list.length = 0;
     this.followerAt = 0;
-    return again;
-  }
-
-  private reportFailedFollowers(): void {
-    const failed = this.failedFollowers;
-    if (failed === null) return;
-    this.failedFollowers = null;
-    for (const [f, error] of failed) f.handler.onError(error instanceof H1Error ? forPending(f, error) : error);
+    // Never connected: they never left, whatever the cause.
+    const reported = this.connected ? error : new H1Error((error as { code?: string }).code ?? H1Codes.CLOSED, error.message, true);
+    return { again, failed, error: reported };
   }
 
   /**
@@ -848,9 +857,10 @@ class H1Connection {
     else if (!this.closed) {
       // The node closes after this answer: requests pipelined behind it go again elsewhere.
       this.closed = true;
-      this.pool.forget(this, this.takeFollowers(new H1Error(H1Codes.CLOSED, 'upstream closed the connection')));
+      const taken = this.takeFollowers(new H1Error(H1Codes.CLOSED, 'upstream closed the connection'));
+      this.pool.forget(this, taken === null ? null : taken.again);
       this.socket.destroy();
-      this.reportFailedFollowers();
+      if (taken !== null) failFollowers(taken);
     }
     // Release first (a queued request may take the connection now); writing a request leaves
     // `fields` alone, so they still describe this response.
