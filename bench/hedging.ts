@@ -3,16 +3,18 @@
  * independently stalls 50 ms with probability 2%. Lakefront with no hedging, a fixed 10 ms
  * hedge, and its own-p95 hedge, each under the same open-loop load, interleaved.
  *
- *   node dist/bench/hedging.js [--quick] [--repeats 5] [--seconds 15] [--rate 2000]
+ *   node dist/bench/hedging.js [--quick] [--repeats 5] [--seconds 15] [--rate 2000] [--pacer timer|worker]
  *
  * Reports client-side p50/p99/p99.9 (microseconds, HDR) and extra upstream requests: requests
  * the nodes received (counted by the bench upstream itself) beyond the client requests Lakefront
- * answered (its /stats).
+ * answered (its /stats). `--pacer worker`: the load generator's schedule kept by a worker thread's
+ * timed waits instead of a millisecond timer (bench/lib/openloop.ts); each run's line shows how
+ * late requests left against the schedule (in their latency either way).
  */
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { startLakefront, startUpstream, type Contender, type Upstream } from './lib/contenders.js';
-import { openLoop, spreadBoards, type OpenLoopResult } from './lib/openloop.js';
+import { openLoop, spreadBoards, type OpenLoopResult, type Pacer } from './lib/openloop.js';
 import { ROOT, pause } from './lib/procs.js';
 import { fmt, machine, median, spread, table, updateSection, writeResult } from './lib/report.js';
 
@@ -27,6 +29,7 @@ const { values } = parseArgs({
     'no-write': { type: 'boolean', default: false },
     /** Extra Lakefront flags for every mode, e.g. "--hedge-budget-percent 5". */
     extra: { type: 'string', default: '' },
+    pacer: { type: 'string', default: 'timer' },
   },
 });
 const quick = values.quick!;
@@ -37,6 +40,8 @@ const seconds = Number(values.seconds ?? process.env.BENCH_SECONDS ?? (quick ? 5
 const rate = Number(values.rate ?? 2000);
 const stallMs = Number(values['stall-ms']);
 const stallP = Number(values['stall-p']);
+const pacer = values.pacer as Pacer;
+if (pacer !== 'worker' && pacer !== 'timer') throw new Error(`--pacer: worker or timer, not ${values.pacer}`);
 
 interface Stats {
   requests: number;
@@ -63,6 +68,8 @@ interface Row {
   hedgedPct: number;
   hedgeWinPct: number;
   rps: number;
+  lateP50: number;
+  lateP99: number;
 }
 
 async function main(): Promise<void> {
@@ -80,7 +87,7 @@ async function main(): Promise<void> {
     }
     const boards = spreadBoards();
     const load = (url: string, secs: number): Promise<OpenLoopResult> =>
-      openLoop(url, { rate, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length]! }) });
+      openLoop(url, { rate, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length]! }), pacer });
     for (const { c } of contenders) await load(c.url, 2);
     const rows: Record<string, Row[]> = {};
     for (let r = 0; r < repeats; r++) {
@@ -101,10 +108,12 @@ async function main(): Promise<void> {
           hedgedPct: ((after.hedges - before.hedges) / served) * 100,
           hedgeWinPct: ((after.hedgeWins - before.hedgeWins) / served) * 100,
           rps: result.ok / seconds,
+          lateP50: result.lateP50Us,
+          lateP99: result.lateP99Us,
         };
         (rows[name] ??= []).push(row);
         process.stdout.write(
-          `${name.padEnd(18)} run ${r + 1}/${repeats}: p50 ${fmt(row.p50)} us  p99 ${fmt(row.p99)} us  p99.9 ${fmt(row.p999)} us  extra ${fmt(row.extraPct, 2)}%  hedged ${fmt(row.hedgedPct, 2)}%  won ${fmt(row.hedgeWinPct, 2)}%  ${fmt(row.rps)} req/s  failed ${result.failed}\n`,
+          `${name.padEnd(18)} run ${r + 1}/${repeats}: p50 ${fmt(row.p50)} us  p99 ${fmt(row.p99)} us  p99.9 ${fmt(row.p999)} us  extra ${fmt(row.extraPct, 2)}%  hedged ${fmt(row.hedgedPct, 2)}%  won ${fmt(row.hedgeWinPct, 2)}%  ${fmt(row.rps)} req/s  failed ${result.failed}  sent late p50 ${fmt(row.lateP50)} us p99 ${fmt(row.lateP99)} us\n`,
         );
       }
     }
@@ -137,9 +146,14 @@ function report(rows: Record<string, Row[]>): void {
     ]);
   }
   const command = `node dist/bench/hedging.js ${process.argv.slice(2).join(' ')}`.trim();
+  const all = Object.values(rows).flat();
+  const pacing =
+    pacer === 'worker'
+      ? `the schedule kept by a worker thread's timed waits (\`--pacer worker\`); requests left ${fmt(median(all.map((r) => r.lateP50)))} us late at the median, ${fmt(median(all.map((r) => r.lateP99)))} at p99 (medians over runs), and that is in their latency`
+      : `the schedule kept by a 1 ms timer; requests left ${fmt(median(all.map((r) => r.lateP50)))} us late at the median, ${fmt(median(all.map((r) => r.lateP99)))} at p99, and that is in their latency`;
   const body = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
-    `Command: \`${command}\`. Three upstream nodes; each request stalls ${stallMs} ms with probability ${stallP * 100}%. Lakefront at 2 threads per mode; open-loop load of ${rate} req/s (bench/lib/openloop.ts: fixed schedule, latency from each request's scheduled time) of GET \`/rpc/query.execute\` (retryable) over 1,024 boards, ${seconds} s per run, ${repeats} interleaved repeats, medians (spread min-max). Extra upstream requests: what the nodes received (their own count) beyond the client requests answered.`,
+    `Command: \`${command}\`. Three upstream nodes; each request stalls ${stallMs} ms with probability ${stallP * 100}%. Lakefront at 2 threads per mode; open-loop load of ${rate} req/s (bench/lib/openloop.ts: fixed schedule, latency from each request's scheduled time; ${pacing}) of GET \`/rpc/query.execute\` (retryable) over 1,024 boards, ${seconds} s per run, ${repeats} interleaved repeats, medians (spread min-max). Extra upstream requests: what the nodes received (their own count) beyond the client requests answered.`,
     '',
     table(['mode', 'p50 us', 'p99 us', 'p99.9 us', 'p99 cut vs none', 'extra upstream requests', 'answered by the hedge'], lines),
   ].join('\n');
@@ -147,7 +161,7 @@ function report(rows: Record<string, Row[]>): void {
   if (values['no-write']) return;
   const section = quick ? 'hedging-quick' : 'hedging';
   updateSection(join(ROOT, 'bench/RESULTS.md'), section, body);
-  writeResult(join(ROOT, `bench/results/${section}.json`), { machine: info, command, settings: { rate, seconds, repeats, stallMs, stallP }, runs: rows });
+  writeResult(join(ROOT, `bench/results/${section}.json`), { machine: info, command, settings: { rate, seconds, repeats, stallMs, stallP, pacer }, runs: rows });
 }
 
 main().catch((err: Error) => {

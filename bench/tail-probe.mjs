@@ -9,7 +9,9 @@
 // Environment: TAIL_NODE_FLAGS, node flags for the front's process alone (e.g. "--trace-gc");
 // TAIL_FRONT_OUT=1 prints what the front wrote (its GC trace, say) after the figures;
 // TAIL_TIMELINE=MS prints, for each MS-millisecond stretch of the measured run that had one, how
-// many requests took over 5 ms and the slowest (when the slow ones came: together, or spread).
+// many requests took over 5 ms and the slowest (when the slow ones came: together, or spread);
+// TAIL_PACER=worker keeps the load's schedule with a worker thread's timed waits, not a 1 ms timer
+// (bench/lib/openloop.ts).
 import { spawn } from 'node:child_process';
 
 const [mode = 'lakefront', seconds = '10', stallP = '0.02', ...flags] = process.argv.slice(2);
@@ -38,7 +40,7 @@ try {
     url = found.startsWith('http') ? found : `http://127.0.0.1:${found}`;
   } else if (mode !== 'direct') throw new Error(`mode: direct, lakefront or floor, not ${mode}`);
   const boards = spreadBoards();
-  const load = (secs, onLatency) => openLoop(url, { rate: 2000, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length] }), onLatency });
+  const load = (secs, onLatency) => openLoop(url, { rate: 2000, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length] }), onLatency, pacer: process.env.TAIL_PACER ?? 'timer' });
   await load(2);
   const stretchMs = Number(process.env.TAIL_TIMELINE ?? 0);
   const stretches = new Map();
@@ -55,7 +57,7 @@ try {
         }
       : undefined,
   );
-  console.log(`${mode} ${flags.join(' ')}, stalls ${stallP}: client p50 ${result.p50Us} us, p99 ${result.p99Us} us, p99.9 ${result.p999Us} us`);
+  console.log(`${mode} ${flags.join(' ')}, stalls ${stallP}: client p50 ${result.p50Us} us, p99 ${result.p99Us} us, p99.9 ${result.p999Us} us (sent late: p50 ${result.lateP50Us} us, p99 ${result.lateP99Us} us)`);
   if (mode === 'lakefront') {
     const stats = await (await fetch(`${url}/stats`)).json();
     for (const [id, node] of Object.entries(stats.nodes)) console.log(`  ${id}: ${JSON.stringify(node.latencyUs)}`);
