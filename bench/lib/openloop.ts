@@ -67,7 +67,7 @@ const cell = new Int32Array(new SharedArrayBuffer(4));
 for (let i = 0; i < total; i++) {
   const wait = start + i * intervalMs - (performance.timeOrigin + performance.now());
   if (wait > 0) Atomics.wait(cell, 0, 0, wait);
-  parentPort.postMessage(0);
+  parentPort.postMessage(i);
 }
 `;
 
@@ -107,11 +107,10 @@ export async function openLoop(url: string, options: OpenLoopOptions): Promise<O
           if (++settled === total) resolve();
         });
     };
-    /** Sends every request due by now. */
-    const catchUp = (): void => {
+    /** Sends every request due by now, and at least the first `atLeast` (the pacer's word for it). */
+    const catchUp = (atLeast = 0): void => {
       const now = clock();
-      if (now < start) return;
-      const due = Math.min(total, Math.floor((now - start) / intervalMs) + 1);
+      const due = Math.min(total, Math.max(atLeast, now < start ? 0 : Math.floor((now - start) / intervalMs) + 1));
       while (sent < due) fire(sent++, now);
     };
     if (pacer === 'timer') {
@@ -122,9 +121,11 @@ export async function openLoop(url: string, options: OpenLoopOptions): Promise<O
       tick();
     } else {
       worker = new Worker(PACER_SOURCE, { eval: true, workerData: { start, intervalMs, total } });
-      worker.on('message', catchUp);
+      // The pacer's own clock decides what is due (the two threads' clocks could differ by a
+      // hair), and whatever is left when it ends leaves then.
+      worker.on('message', (i: number) => catchUp(i + 1));
       worker.on('error', reject);
-      worker.on('exit', () => catchUp());
+      worker.on('exit', () => catchUp(total));
     }
   });
   await (worker as Worker | null)?.terminate();
