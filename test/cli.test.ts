@@ -2,9 +2,9 @@
  * The `lakefront` command as an operator runs it: a real process, real signals.
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { lstatSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createServer as createHttpsServer } from 'node:https';
@@ -102,6 +102,10 @@ describe('lakefront command: bad configuration stops start-up with exit 2 and on
     ['unknown upstream client', ['--upstream-client', 'curl', '--nodes', 'a=http://127.0.0.1:1'], {}, /--upstream-client: must be h1 or undici, got "curl"/],
     ['pipelining out of range', ['--upstream-pipelining', '0', '--nodes', 'a=http://127.0.0.1:1'], {}, /--upstream-pipelining: 0 is out of range 1\.\.256/],
     ['pipelining with undici', ['--upstream-client', 'undici', '--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_UPSTREAM_PIPELINING: '4' }, /LAKEFRONT_UPSTREAM_PIPELINING: pipelining is the h1 client's; --upstream-client undici keeps one request a connection/],
+    // A template whose node list came out empty: refused, not the demo cluster served.
+    ['an empty node list in the environment', ['--port', '0'], { LAKEFRONT_NODES: '' }, /^lakefront: LAKEFRONT_NODES: set but empty \(unset it for the default\)$/],
+    // A regular file, but one that can be neither read as hints nor renamed: exit 2, not a crash.
+    ['a hints file that cannot be set aside', ['--port', '0', '--nodes', 'a=http://127.0.0.1:1', '--hints-file', '/proc/version'], {}, /^lakefront: hints file \/proc\/version: not valid JSON .*, and it cannot be set aside as \/proc\/version\.unreadable \(/],
   ];
   for (const [name, args, env, pattern] of cases) {
     it(name, async () => {
@@ -112,6 +116,36 @@ describe('lakefront command: bad configuration stops start-up with exit 2 and on
       assert.match(lines[0]!, pattern);
     });
   }
+
+  it('a hints file that is not a regular file is refused, and left as it was', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lakefront-hints-'));
+    try {
+      const fifo = join(dir, 'pipe');
+      execFileSync('mkfifo', [fifo]);
+      const link = join(dir, 'link');
+      writeFileSync(join(dir, 'target.json'), '{"version":1,"hints":[]}');
+      symlinkSync(join(dir, 'target.json'), link);
+      const cases: [string, RegExp][] = [
+        [fifo, /not a regular file but a pipe/],
+        [dir, /not a regular file but a directory/],
+        [link, /not a regular file but a symbolic link \(name the file itself\)/],
+      ];
+      for (const [path, pattern] of cases) {
+        const run = start(['--port', '0', '--nodes', 'a=http://127.0.0.1:1', '--hints-file', path]);
+        assert.equal(await exitOf(run), 2, run.output());
+        const lines = run.output().trim().split('\n');
+        assert.equal(lines.length, 1, `one line, got: ${run.output()}`);
+        assert.ok(lines[0]!.startsWith(`lakefront: hints file ${path}: `), lines[0]);
+        assert.match(lines[0]!, pattern);
+      }
+      // Nothing renamed, removed or replaced.
+      assert.equal(lstatSync(fifo).isFIFO(), true);
+      assert.equal(lstatSync(link).isSymbolicLink(), true);
+      assert.deepEqual(readdirSync(dir).sort(), ['link', 'pipe', 'target.json']);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
 
   it('flags win over the environment', async () => {
     const run = start(['--port', 'x1'], { PORT: '8080', LAKEFRONT_NODES: 'a=http://127.0.0.1:1' });

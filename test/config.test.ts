@@ -62,6 +62,25 @@ describe('flags and environment', () => {
     ['the same, in its --flag=value form', ['--threads=1', '--nodes', 'a=http://127.0.0.1:1', '--threads', '2'], {}, /^--threads: given more than once$/],
     ['nodes from the environment and a config file', ['--config', '/nonexistent.json'], { LAKEFRONT_NODES: 'a=http://127.0.0.1:1' }, /^--config: give clusters either in the file or with --nodes\/--etcd, not both \(LAKEFRONT_NODES is set too\)$/],
     ['affinity keys from the environment with no configuration file', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_AFFINITY_KEYS: 'short' }, /^LAKEFRONT_AFFINITY_KEYS: affinity tickets belong to routes in a configuration file \(--config\), and none is given$/],
+    // An unparsable URL is shown without what could be a secret in it.
+    ['an unparsable node URL with credentials (the password not echoed)', ['--nodes', 'a=http://admin:hunter2@10.0.0.1:70000'], {}, /^--nodes: bad URL "http:\/\/\*\*\*@10\.0\.0\.1:70000" for node "a" \(not a URL/],
+    ['the same from the environment, for etcd', [], { LAKEFRONT_ETCD: 'e1=http://root:etcdpass@10.0.0.5:2379x' }, /^LAKEFRONT_ETCD: bad URL "http:\/\/\*\*\*@10\.0\.0\.5:2379x" for node "e1"/],
+    ['a node URL with a query (not echoed)', ['--nodes', 'a=http://127.0.0.1:1/?token=s3cr3t'], {}, /^--nodes: bad URL "http:\/\/127\.0\.0\.1:1\/\?\*\*\*" for node "a" \(http\(s\):\/\/host:port only, no path\)$/],
+    // Set but empty is not unset: an empty LAKEFRONT_NODES must not start the demo.
+    ['an empty LAKEFRONT_NODES', [], { LAKEFRONT_NODES: '' }, /^LAKEFRONT_NODES: set but empty \(unset it for the default\)$/],
+    ['an empty LAKEFRONT_CONFIG', [], { LAKEFRONT_CONFIG: ' ' }, /^LAKEFRONT_CONFIG: set but empty/],
+    ['an empty LAKEFRONT_ETCD', [], { LAKEFRONT_ETCD: '' }, /^LAKEFRONT_ETCD: set but empty/],
+    ['an empty LAKEFRONT_HOST', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_HOST: '' }, /^LAKEFRONT_HOST: set but empty/],
+    ['an empty PORT', ['--nodes', 'a=http://127.0.0.1:1'], { PORT: '' }, /^PORT: set but empty/],
+    ['a node id with a control character', ['--nodes', 'a\x7fb=http://127.0.0.1:1'], {}, /^--nodes: bad node id "a\\u007fb" \(non-empty, no spaces, commas, '=' or control characters\)$/],
+    ['a node id with a NUL', ['--nodes', 'a\x00b=http://127.0.0.1:1'], {}, /^--nodes: bad node id "a\\u0000b"/],
+    ['a node id with a C1 control character (shown escaped)', [], { LAKEFRONT_NODES: 'a\x9bb=http://127.0.0.1:1' }, /^LAKEFRONT_NODES: bad node id "a\\u009bb"/],
+    ['a hedge percentile in hex', ['--hedge-percentile', '0x5F', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-percentile: not a decimal number: "0x5F"$/],
+    ['a hedge budget in binary, from the environment', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_HEDGE_BUDGET_PERCENT: '0b1010' }, /^LAKEFRONT_HEDGE_BUDGET_PERCENT: not a decimal number: "0b1010"$/],
+    ['a hedge percentile with an exponent', ['--hedge-percentile', '.5e2', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-percentile: not a decimal number/],
+    ['a hedge percentile with a trailing point', ['--hedge-percentile', '5.', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-percentile: not a decimal number/],
+    // Past 2^53 the number read is not the one written: the line shows what was given.
+    ['a thread count past 2^53', ['--threads', '9007199254740993', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--threads: 9007199254740993 is out of range 1\.\.256$/],
   ];
   for (const [name, argv, env, pattern] of bad) {
     it(`rejects ${name} with one line naming it`, () => {
@@ -246,7 +265,7 @@ describe('--hints-file', () => {
     const run = parseCommand(['--hints-file', '/var/lib/lakefront/hints.json'], {});
     assert.equal(run.kind === 'run' && run.config.hintsFile, '/var/lib/lakefront/hints.json');
     assert.throws(() => parseCommand(['--hints-file', ''], {}), /--hints-file: an empty path/);
-    assert.throws(() => parseCommand([], { LAKEFRONT_HINTS_FILE: ' ' }), /LAKEFRONT_HINTS_FILE: an empty path/);
+    assert.throws(() => parseCommand([], { LAKEFRONT_HINTS_FILE: ' ' }), /LAKEFRONT_HINTS_FILE: set but empty \(unset it for the default\)/);
   });
 });
 

@@ -926,6 +926,25 @@ describe('front door: HTTP surface', () => {
   });
 });
 
+describe('front door: node ids that are names every JavaScript object has', () => {
+  it('a node named __proto__ or constructor is in /stats like any other', async () => {
+    const nodes = await startNodes('__proto__', 'constructor');
+    const server = await frontOver(nodes, { healthIntervalMs: 60_000 });
+    try {
+      const replies = await Promise.all(Array.from({ length: 40 }, (_, i) => rpc(server.url, 'query.execute', `proto-${i}`)));
+      assert.ok(replies.every((r) => r.status === 200));
+      const stats = (await call(`${server.url}/stats`)).json<{ requests: number; nodes: Record<string, { attempts: number }> }>();
+      assert.deepEqual(Object.keys(stats.nodes).sort(), ['__proto__', 'constructor']);
+      const attempts = Object.values(stats.nodes).reduce((n, node) => n + node.attempts, 0);
+      assert.ok(attempts >= 40, `every attempt counted under a node: ${attempts}`);
+      assert.ok(stats.nodes['__proto__']!.attempts > 0 && stats.nodes['constructor']!.attempts > 0, 'both served some');
+    } finally {
+      await server.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+});
+
 describe('front door: --forwarded-for', () => {
   let nodes: FakeNode[];
   before(async () => {

@@ -81,14 +81,16 @@ function integer(raw: string, source: string, min: number, max: number): number 
   // A negative whole number is one: the range names what is wrong with it.
   if (!/^-?\d+$/.test(raw.trim())) throw new ConfigError(`${source}: not a whole number: ${JSON.stringify(raw)}`);
   const value = Number(raw);
-  if (value < min || value > max) throw new ConfigError(`${source}: ${value} is out of range ${min}..${max}`);
+  // Named as given: past 2^53 the number read is not the one written.
+  if (value < min || value > max) throw new ConfigError(`${source}: ${raw.trim()} is out of range ${min}..${max}`);
   return value;
 }
 
+/** A decimal number as people write one (`95`, `99.9`, `-1`, `.5`): not hex, binary, octal or exponents. */
 function decimal(raw: string, source: string, min: number, max: number): number {
+  if (!/^-?(\d+(\.\d+)?|\.\d+)$/.test(raw.trim())) throw new ConfigError(`${source}: not a decimal number: ${JSON.stringify(raw)}`);
   const value = Number(raw);
-  if (raw.trim() === '' || !Number.isFinite(value)) throw new ConfigError(`${source}: not a number: ${JSON.stringify(raw)}`);
-  if (value < min || value > max) throw new ConfigError(`${source}: ${value} is out of range ${min}..${max}`);
+  if (value < min || value > max) throw new ConfigError(`${source}: ${raw.trim()} is out of range ${min}..${max}`);
   return value;
 }
 
@@ -197,8 +199,12 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     if (typeof fromFlag === 'string') return [fromFlag, `--${flag}`];
     const option = OPTIONS.find((o) => o.flag === flag)!;
     const fromEnv = option.env !== undefined ? env[option.env] : undefined;
-    if (fromEnv !== undefined && fromEnv !== '') return [fromEnv, option.env!];
-    return undefined;
+    if (fromEnv === undefined) return undefined;
+    // Set but empty is a mistake to say, not the default to take: a deployment template whose
+    // LAKEFRONT_NODES came out empty would otherwise serve the demo cluster, and an empty
+    // LAKEFRONT_HOST would listen on every interface. (An empty flag is refused the same way.)
+    if (fromEnv.trim() === '') throw new ConfigError(`${option.env}: set but empty (unset it for the default)`);
+    return [fromEnv, option.env!];
   };
   const int = (flag: string, fallback: number, min: number, max: number): number => {
     const got = read(flag);

@@ -9,7 +9,7 @@
 import type { AffinitySettings } from '../affinity/tickets.js';
 import { EventEmitter } from 'node:events';
 import { Buffer } from 'node:buffer';
-import { accessSync, closeSync, constants, fsyncSync, openSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { accessSync, closeSync, constants, fsyncSync, lstatSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, type Stats } from 'node:fs';
 import { dirname } from 'node:path';
 import { createServer } from 'node:net';
 import { performance } from 'node:perf_hooks';
@@ -682,11 +682,14 @@ export class FrontDoor extends EventEmitter {
     this.adopting = this.adopting.filter((a) => a.after > collection);
     for (const a of this.adopting) totals.hintsPending += a.count;
     const latency = mergeSummaries(encoded, this.nodes.length);
-    const nodes: Record<string, unknown> = {};
-    this.nodes.forEach((node, i) => {
-      const { ejections, ejected } = this.memberships[node.cluster]!.ejectionsOf(node.id);
-      nodes[node.id] = { cluster: this.clusters[node.cluster]!.name, ...totals.nodes.get(node.id), ejections, ejected, latencyUs: latency[i] };
-    });
+    // Made with fromEntries, not assigned: a node named `__proto__` would set the object's
+    // prototype instead of appearing.
+    const nodes: Record<string, unknown> = Object.fromEntries(
+      this.nodes.map((node, i) => {
+        const { ejections, ejected } = this.memberships[node.cluster]!.ejectionsOf(node.id);
+        return [node.id, { cluster: this.clusters[node.cluster]!.name, ...totals.nodes.get(node.id), ejections, ejected, latencyUs: latency[i] }];
+      }),
+    );
     return {
       requests: totals.requests,
       hedges: totals.hedges,
@@ -717,6 +720,7 @@ export class FrontDoor extends EventEmitter {
    * workers to start.
    */
   private takeHints(file: string): void {
+    checkHintsPath(file);
     try {
       accessSync(dirname(file), constants.W_OK);
     } catch {
@@ -1275,9 +1279,40 @@ export function loadHints(file: string): SavedHint[] {
   }
 }
 
+/**
+ * A hints file is read, set aside, removed once taken and replaced at a stop, so it must be a
+ * file of its own or nothing yet: not a device (`/dev/null` renamed away, as root), a directory,
+ * a pipe or a socket, and not a symbolic link (the link, not what it names, would be renamed and
+ * replaced).
+ */
+export function checkHintsPath(file: string): void {
+  let info: Stats;
+  try {
+    info = lstatSync(file);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
+    throw new ConfigError(`hints file ${file}: ${(err as Error).message}`);
+  }
+  if (info.isFile()) return;
+  const kind = info.isSymbolicLink()
+    ? 'a symbolic link (name the file itself)'
+    : info.isDirectory()
+      ? 'a directory'
+      : info.isCharacterDevice() || info.isBlockDevice()
+        ? 'a device'
+        : info.isFIFO()
+          ? 'a pipe'
+          : 'a socket';
+  throw new ConfigError(`hints file ${file}: not a regular file but ${kind}; the front door reads, removes and replaces it`);
+}
+
 /** A hints file that cannot be read as hints is renamed `.unreadable`, with a line on stderr. */
 function setAside(file: string, why: string): SavedHint[] {
-  renameSync(file, `${file}.unreadable`);
+  try {
+    renameSync(file, `${file}.unreadable`);
+  } catch (err) {
+    throw new ConfigError(`hints file ${file}: ${why}, and it cannot be set aside as ${file}.unreadable (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+  }
   process.stderr.write(`lakefront: hints file ${file} set aside as ${file}.unreadable: ${why}\n`);
   return [];
 }
