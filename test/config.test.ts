@@ -123,6 +123,11 @@ describe('configuration file', () => {
     assert.deepEqual(file.routes[2]!.operations!.writes, []);
   });
 
+  it('takes route paths with a colon inside a segment, an exact path with a trailing slash, and the root', () => {
+    const file = parseFileConfig({ ...good, routes: ['/v1/models:predict', '/a/', '/', '/*'].map((path) => ({ path, cluster: 'boards', keyHeader: 'x-lakefront-board' })) }, 'lf.json');
+    assert.deepEqual(file.routes.map((r) => r.pattern), ['/v1/models:predict', '/a/', '/', '/*']);
+  });
+
   it('says where a file stops being JSON, by line and column, and quotes none of it', () => {
     const dir = mkdtempSync(join(tmpdir(), 'lakefront-json-'));
     try {
@@ -217,6 +222,12 @@ describe('configuration file', () => {
     ['a bad path', { ...good, routes: [{ path: 'rpc', cluster: 'boards' }] }, /routes\[0\]\.path: must start with \//],
     ['a wildcard that is not a whole segment (uWS matches /api* only as written)', { ...good, routes: [{ path: '/api*', cluster: 'boards' }] }, /routes\[0\]\.path: must start with \/ and may end in \/\* \(a wildcard is a whole segment: "\/api\/\*", not "\/api\*"\), got "\/api\*"/],
     ['a route over the front door\'s own /stats', { ...good, routes: [{ path: '/stats', cluster: 'boards' }] }, /routes\[0\]\.path: \/stats is the front door's own endpoint/],
+    // Paths uWS's router would read otherwise, or that no request can match.
+    ['a route path with a uWS parameter', { ...good, routes: [{ path: '/:id/*', cluster: 'boards' }] }, /routes\[0\]\.path: no segment starting with ":" in a route path \(uWS would take it for a parameter that matches any segment\), got "\/:id\/\*"/],
+    ['a route path with a query', { ...good, routes: [{ path: '/stats?x', cluster: 'boards' }] }, /routes\[0\]\.path: no query, fragment, spaces or control characters in a route path, got "\/stats\?x"/],
+    ['a route path with a space', { ...good, routes: [{ path: '/a b/*', cluster: 'boards' }] }, /routes\[0\]\.path: no query, fragment, spaces/],
+    ['a route path with a dot segment', { ...good, routes: [{ path: '/a/../*', cluster: 'boards' }] }, /routes\[0\]\.path: no "\." or "\.\." segments in a route path \(requests with them are refused\), got "\/a\/\.\.\/\*"/],
+    ['a route path with an empty segment', { ...good, routes: [{ path: '//a/*', cluster: 'boards' }] }, /routes\[0\]\.path: no empty segments in a route path \("\/\/"\), got "\/\/a\/\*"/],
     ['a bad rho', { ...good, clusters: [{ ...good.clusters[1], policy: { rho: 0.5 } }, good.clusters[0]] }, /clusters\[0\]\.policy\.rho: must be a number in 1\.\.1000, got 0\.5/],
     ['no routes', { ...good, routes: [] }, /lf\.json: routes: must be a non-empty list/],
     // Framing headers are consumed by the front door, never seen as a key: every request got 401.

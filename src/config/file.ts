@@ -135,6 +135,23 @@ const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9a-z-]+$/;
 /** A route or operation path: exact, or a prefix ending in `*`. */
 const PATH_PATTERN = /^\/[^*]*\*?$/;
 
+/**
+ * What keeps a route's path from being the literal path (or prefix) it reads as, where uWS's
+ * router takes it: a segment starting with `:` is a uWS parameter (`/:id/*` takes any first
+ * segment), and a query, a fragment, a space or a control character, an empty segment (`//a/*`)
+ * or a dot segment (`/a/../*`: such requests are refused, `400`) can never match a request.
+ * Null for a good path.
+ */
+function routePathProblem(path: string): string | null {
+  if (/[?#\s\p{Cc}]/u.test(path)) return 'no query, fragment, spaces or control characters in a route path';
+  const segments = path.slice(1).split('/');
+  // Only the last may be empty ("/", an exact "/a/").
+  if (segments.slice(0, -1).some((seg) => seg === '')) return 'no empty segments in a route path ("//")';
+  if (segments.some((seg) => seg === '.' || seg === '..')) return 'no "." or ".." segments in a route path (requests with them are refused)';
+  if (segments.some((seg) => seg.startsWith(':'))) return 'no segment starting with ":" in a route path (uWS would take it for a parameter that matches any segment)';
+  return null;
+}
+
 /** Headers a ticket may not travel in: the nodes' (authorization, cookies) and every one of the front door's own. */
 const RESERVED_TICKET_HEADERS: ReadonlySet<string> = new Set(['authorization', 'cookie', 'set-cookie', SERVED_BY_HEADER, HEDGED_HEADER, IDEMPOTENT_HEADER, VERSION_HEADER, ACKS_HEADER, HINT_HEADER]);
 
@@ -277,6 +294,8 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
       // uWS matches a wildcard only as a whole last segment: `/api*` would match nothing but itself.
       fail(`${where}.path`, `must start with / and may end in /* (a wildcard is a whole segment: "/api/*", not "/api*"), got ${JSON.stringify(path)}`);
     }
+    const unmatchable = routePathProblem(path);
+    if (unmatchable !== null) fail(`${where}.path`, `${unmatchable}, got ${JSON.stringify(path)}`);
     if (OWN_PATHS.includes(path)) fail(`${where}.path`, `${path} is the front door's own endpoint (${OWN_PATHS.join(', ')} are not proxied)`);
     const cluster = str(r, 'cluster', where, true);
     const clusterConfig = clusters.find((c) => c.name === cluster);
