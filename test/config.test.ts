@@ -228,6 +228,15 @@ describe('configuration file', () => {
     ['a route path with a space', { ...good, routes: [{ path: '/a b/*', cluster: 'boards' }] }, /routes\[0\]\.path: no query, fragment, spaces/],
     ['a route path with a dot segment', { ...good, routes: [{ path: '/a/../*', cluster: 'boards' }] }, /routes\[0\]\.path: no "\." or "\.\." segments in a route path \(requests with them are refused\), got "\/a\/\.\.\/\*"/],
     ['a route path with an empty segment', { ...good, routes: [{ path: '//a/*', cluster: 'boards' }] }, /routes\[0\]\.path: no empty segments in a route path \("\/\/"\), got "\/\/a\/\*"/],
+    // Taken and doing nothing is refused too.
+    ['a hint window on a strict quorum', { ...good, routes: [{ path: '/kv/*', cluster: 'boards', quorum: { sloppy: false, hintWindowSeconds: 60 } }] }, /routes\[0\]\.quorum\.hintWindowSeconds: applies to a sloppy quorum only \(hints for stand-ins\), and "sloppy" is false/],
+    ['a leader probe interval on a cluster with no leader probe', { ...good, clusters: [{ ...good.clusters[0], leaderIntervalMs: 100 }, good.clusters[1]] }, /clusters\[0\]\.leaderIntervalMs: the cluster has no leader probe to time/],
+    ['an affinity header the front door sets itself', { ...good, routes: [{ path: '/live/*', cluster: 'boards', policy: 'round_robin', keyHeader: null, affinity: { app: 'a', header: 'X-Forwarded-For' } }] }, /routes\[0\]\.affinity\.header: "x-forwarded-for" is a header the nodes or the front door need/],
+    // A key put where the settings belong is not echoed.
+    ['affinity given as a string (not echoed)', { ...good, routes: [{ path: '/live/*', cluster: 'boards', policy: 'round_robin', keyHeader: null, affinity: 'k3y-that-must-not-be-logged' }] }, /^(?!.*k3y).*routes\[0\]\.affinity: must be \{ app, header\?, ttlSeconds\?, generation\? \}, got a string$/],
+    // What is wrong, not a default that followed from it.
+    ['a replicated route over a cluster with only nodes of weight 0', { ...good, clusters: [{ name: 'z', nodes: [{ id: 'z1', url: 'http://127.0.0.1:5', weight: 0 }] }], routes: [{ path: '/kv/*', cluster: 'z', quorum: {} }] }, /lf\.json: routes\[0\]\.quorum: cluster "z" has no node of weight above 0 to keep keys on \(1 of weight 0\)$/],
+    ['a replicated route over an etcd cluster', { ...good, routes: [{ path: '/kv/*', cluster: 'kv', quorum: {} }] }, /lf\.json: routes\[0\]\.quorum: cluster "kv" is an etcd cluster, which replicates by itself$/],
     ['a bad rho', { ...good, clusters: [{ ...good.clusters[1], policy: { rho: 0.5 } }, good.clusters[0]] }, /clusters\[0\]\.policy\.rho: must be a number in 1\.\.1000, got 0\.5/],
     ['no routes', { ...good, routes: [] }, /lf\.json: routes: must be a non-empty list/],
     // Framing headers are consumed by the front door, never seen as a key: every request got 401.

@@ -153,14 +153,30 @@ function routePathProblem(path: string): string | null {
 }
 
 /** Headers a ticket may not travel in: the nodes' (authorization, cookies) and every one of the front door's own. */
-const RESERVED_TICKET_HEADERS: ReadonlySet<string> = new Set(['authorization', 'cookie', 'set-cookie', SERVED_BY_HEADER, HEDGED_HEADER, IDEMPOTENT_HEADER, VERSION_HEADER, ACKS_HEADER, HINT_HEADER]);
+const RESERVED_TICKET_HEADERS: ReadonlySet<string> = new Set([
+  'authorization',
+  'cookie',
+  'set-cookie',
+  SERVED_BY_HEADER,
+  HEDGED_HEADER,
+  IDEMPOTENT_HEADER,
+  VERSION_HEADER,
+  ACKS_HEADER,
+  HINT_HEADER,
+  // Set or rewritten by the front door itself with --forwarded-for append, and read by nodes.
+  'x-forwarded-for',
+  'x-forwarded-proto',
+  'x-forwarded-host',
+  'forwarded',
+]);
 
 /**
  * A route's `affinity` (seed 004): `{ app, header?, ttlSeconds?, generation? }`. The signing keys
  * never come from the file: the caller adds them from the environment (LAKEFRONT_AFFINITY_KEYS).
  */
 function affinity(value: unknown, where: string, keyHeader: string | null, members: readonly MemberConfig[]): AffinitySettings {
-  if (!isObject(value)) fail(where, `must be { app, header?, ttlSeconds?, generation? }, got ${JSON.stringify(value)}`);
+  // Not echoed: a signing key put here by mistake must not reach the log.
+  if (!isObject(value)) fail(where, `must be { app, header?, ttlSeconds?, generation? }, got ${value === null ? 'null' : Array.isArray(value) ? 'a list' : `a ${typeof value}`}`);
   known(value, ['app', 'header', 'ttlSeconds', 'generation'], where);
   const app = str(value, 'app', where, true);
   if (app === '' || app.length > 128) fail(`${where}.app`, `must be 1-128 characters, got ${app.length}`);
@@ -196,6 +212,7 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
     if (v !== undefined && !Number.isInteger(v)) fail(field(where, key), `must be a whole number, got ${v}`);
     return v;
   };
+  if (size === 0) fail(where, `cluster "${cluster.name}" has no node of weight above 0 to keep keys on (${drained} of weight 0)`);
   const n = whole('n', 1, 1_000) ?? Math.min(3, size);
   if (n > size) fail(`${where}.n`, `${n} replicas, and cluster "${cluster.name}" has ${size} node${size === 1 ? '' : 's'}${drained > 0 ? ` of weight above 0 (${drained} of weight 0 hold no keys)` : ''}`);
   const consistency = (value.consistency ?? 'quorum') as Consistency;
@@ -217,6 +234,8 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
   const maxHintBytes = whole('maxHintBytes', 0, 1024 * 1024 * 1024);
   const sloppy = bool(value, 'sloppy', where) ?? true;
   if (sloppy && maxHintBytes === 0) fail(`${where}.maxHintBytes`, '0 keeps no hints, so no stand-in could be used: set "sloppy": false instead');
+  // Hints are a sloppy quorum's: on a strict one these would be taken and do nothing.
+  if (!sloppy) for (const key of ['hintWindowSeconds', 'maxHintBytes']) if (value[key] !== undefined) fail(field(where, key), 'applies to a sloppy quorum only (hints for stand-ins), and "sloppy" is false');
   return {
     n,
     w,
@@ -273,6 +292,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
       };
     }
     const leaderIntervalMs = num(c, 'leaderIntervalMs', where, 10, 60_000);
+    if (leaderIntervalMs !== undefined && leader === null) fail(`${where}.leaderIntervalMs`, 'the cluster has no leader probe to time (set "leader": "etcd", or the etcd preset)');
     if (preset) presets.set(name, preset);
     clusters.push({
       name,
@@ -303,6 +323,14 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
     const preset = str(r, 'preset', where) ?? presets.get(cluster);
     if (preset !== undefined && preset !== 'etcd') fail(`${where}.preset`, `unknown preset "${preset}" (known: etcd)`);
     const replicated = r.quorum !== undefined && r.quorum !== null;
+    if (replicated) {
+      // Said before any default that follows from them (an etcd preset's hybrid policy).
+      // The replicas are the key's preference list on the ring; the path is the key by default.
+      for (const key of ['operations', 'affinity', 'hedge', 'failoverUnsent', 'preset']) {
+        if (r[key] !== undefined) fail(field(where, key), 'does not apply to a replicated route (quorum): every request goes to the key\'s replicas');
+      }
+      if (preset !== undefined) fail(`${where}.quorum`, `cluster "${cluster}" is an ${preset} cluster, which replicates by itself`);
+    }
     const policy = (str(r, 'policy', where) ?? (preset === 'etcd' ? 'hybrid' : replicated ? 'ring' : 'rendezvous')) as PolicyName;
     if (!POLICY_NAMES.includes(policy)) fail(`${where}.policy`, `unknown policy "${policy}" (known: ${POLICY_NAMES.join(', ')})`);
     // hybrid pins writes to the leader the cluster's probe finds: with no probe it would send
@@ -318,11 +346,6 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
       fail(`${where}.keyHeader`, `"${keyHeader}" is a hop-by-hop or framing header, not a routing key`);
     }
     if (replicated) {
-      // The replicas are the key's preference list on the ring; the path is the key by default.
-      for (const key of ['operations', 'affinity', 'hedge', 'failoverUnsent', 'preset']) {
-        if (r[key] !== undefined) fail(field(where, key), 'does not apply to a replicated route (quorum): every request goes to the key\'s replicas');
-      }
-      if (preset !== undefined) fail(`${where}.quorum`, `cluster "${cluster}" is an ${preset} cluster, which replicates by itself`);
       if (policy !== 'ring') fail(`${where}.policy`, `a replicated route places keys on the ring: "ring", not ${JSON.stringify(policy)}`);
     } else if ((policy === 'rendezvous' || policy === 'ring') && keyHeader === null) fail(`${where}.keyHeader`, `the ${policy} policy needs a key header`);
     return {
