@@ -128,6 +128,11 @@ describe('configuration file', () => {
     assert.deepEqual(file.routes.map((r) => r.pattern), ['/v1/models:predict', '/a/', '/', '/*']);
   });
 
+  it('takes a strict quorum that says it keeps no hints (maxHintBytes 0)', () => {
+    const file = parseFileConfig({ ...good, routes: [{ path: '/kv/*', cluster: 'boards', quorum: { n: 2, sloppy: false, maxHintBytes: 0 } }] }, 'lf.json');
+    assert.equal(file.routes[0]!.quorum!.sloppy, false);
+  });
+
   it('says where a file stops being JSON, by line and column, and quotes none of it', () => {
     const dir = mkdtempSync(join(tmpdir(), 'lakefront-json-'));
     try {
@@ -230,6 +235,7 @@ describe('configuration file', () => {
     ['a route path with an empty segment', { ...good, routes: [{ path: '//a/*', cluster: 'boards' }] }, /routes\[0\]\.path: no empty segments in a route path \("\/\/"\), got "\/\/a\/\*"/],
     // Taken and doing nothing is refused too.
     ['a hint window on a strict quorum', { ...good, routes: [{ path: '/kv/*', cluster: 'boards', quorum: { sloppy: false, hintWindowSeconds: 60 } }] }, /routes\[0\]\.quorum\.hintWindowSeconds: applies to a sloppy quorum only \(hints for stand-ins\), and "sloppy" is false/],
+    ['a hint budget on a strict quorum', { ...good, routes: [{ path: '/kv/*', cluster: 'boards', quorum: { sloppy: false, maxHintBytes: 1024 } }] }, /routes\[0\]\.quorum\.maxHintBytes: applies to a sloppy quorum only/],
     ['a leader probe interval on a cluster with no leader probe', { ...good, clusters: [{ ...good.clusters[0], leaderIntervalMs: 100 }, good.clusters[1]] }, /clusters\[0\]\.leaderIntervalMs: the cluster has no leader probe to time/],
     ['an affinity header the front door sets itself', { ...good, routes: [{ path: '/live/*', cluster: 'boards', policy: 'round_robin', keyHeader: null, affinity: { app: 'a', header: 'X-Forwarded-For' } }] }, /routes\[0\]\.affinity\.header: "x-forwarded-for" is a header the nodes or the front door need/],
     // A key put where the settings belong is not echoed.

@@ -235,7 +235,9 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
   const sloppy = bool(value, 'sloppy', where) ?? true;
   if (sloppy && maxHintBytes === 0) fail(`${where}.maxHintBytes`, '0 keeps no hints, so no stand-in could be used: set "sloppy": false instead');
   // Hints are a sloppy quorum's: on a strict one these would be taken and do nothing.
-  if (!sloppy) for (const key of ['hintWindowSeconds', 'maxHintBytes']) if (value[key] !== undefined) fail(field(where, key), 'applies to a sloppy quorum only (hints for stand-ins), and "sloppy" is false');
+  // (maxHintBytes 0 says the same as "sloppy": false, and is taken.)
+  if (!sloppy && hintWindowSeconds !== undefined) fail(field(where, 'hintWindowSeconds'), 'applies to a sloppy quorum only (hints for stand-ins), and "sloppy" is false');
+  if (!sloppy && maxHintBytes !== undefined && maxHintBytes > 0) fail(field(where, 'maxHintBytes'), 'applies to a sloppy quorum only (hints for stand-ins), and "sloppy" is false');
   return {
     n,
     w,
