@@ -152,7 +152,7 @@ describe('affinity tickets', () => {
         assert.throws(() => withAffinity({ app: 'x', header: own }), new RegExp(`affinity\\.header: "${own}" is a header the nodes or the front door need`));
       }
       assert.throws(() => withAffinity({ app: 'x', header: 'x-session' }, 'x-session'), /affinity\.header: "x-session" is the route's key header/);
-      assert.throws(() => withAffinity('yes'), /routes\[0\]\.affinity: must be \{ app, header\?, ttlSeconds\?, generation\? \}, got "yes"/);
+      assert.throws(() => withAffinity('yes'), /routes\[0\]\.affinity: must be \{ app, header\?, ttlSeconds\?, generation\? \}, got a string/);
       assert.throws(() => withAffinity({ app: 'x', ttlSeconds: 0 }), /affinity\.ttlSeconds/);
       assert.throws(() => withAffinity({ app: 'x'.repeat(129) }), /affinity\.app: must be 1-128 characters, got 129/);
       // A node id too long for a ticket would make every ticket unverifiable: refused up front.
