@@ -170,6 +170,38 @@ describe('Membership probes', () => {
   });
 });
 
+describe('Membership probes: what passes', () => {
+  it('a 2xx passes; a 3xx (not followed), a 4xx and a 5xx do not; a probe past its deadline fails; connections are kept between rounds', async () => {
+    const answers: Record<string, number> = { ok: 200, empty: 204, moved: 302, missing: 404, broken: 503, slow: 200 };
+    const connections = new Set<string>();
+    const servers = Object.entries(answers).map(([id, status]) =>
+      createHttpServer((req, res) => {
+        connections.add(`${id} ${req.socket.remotePort}`);
+        // The redirect names a path that would pass: a probe that followed it would call the node healthy.
+        if (status === 302) res.setHeader('location', '/elsewhere');
+        if (req.url === '/elsewhere') return void res.writeHead(200).end('{}');
+        if (id === 'slow') return void setTimeout(() => res.writeHead(200).end('{}'), 1_000);
+        res.writeHead(status).end(status === 204 ? undefined : '{}');
+      }),
+    );
+    await Promise.all(servers.map((srv) => new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve))));
+    const membership = new Membership({
+      members: Object.keys(answers).map((id, i) => ({ id, url: `http://127.0.0.1:${(servers[i]!.address() as { port: number }).port}` })),
+      timeoutMs: 200,
+    });
+    try {
+      for (let round = 0; round < 3; round++) {
+        await membership.probeOnce();
+        assert.deepEqual(membership.healthyIds().sort(), ['empty', 'ok'], `round ${round}`);
+      }
+      // Three rounds, one connection to each node that answered in time.
+      for (const id of ['ok', 'empty', 'moved', 'missing', 'broken']) assert.equal([...connections].filter((c) => c.startsWith(`${id} `)).length, 1, id);
+    } finally {
+      await Promise.all(servers.map((srv) => new Promise((resolve) => { srv.closeAllConnections(); srv.close(resolve); })));
+    }
+  });
+});
+
 describe('EtcdLeaderProbe: which leader it publishes', () => {
   /** Three members answering /v3/maintenance/status as scripted (over real HTTP). */
   async function members(): Promise<{ urls: string[]; answer: { memberId: string; leader: string; term: number }[]; close(): Promise<void> }> {

@@ -11,6 +11,7 @@
 import { EventEmitter } from 'node:events';
 import type { MemberConfig } from './membership.js';
 import { PollLoop } from './poll.js';
+import { probeJson } from './probe.js';
 
 export interface LeaderProbeOptions {
   readonly members: readonly MemberConfig[];
@@ -37,7 +38,8 @@ export class EtcdLeaderProbe extends EventEmitter {
   /** How often every member is asked (its leader rounds). */
   readonly intervalMs: number;
   private readonly timeoutMs: number;
-  private readonly fetchImpl: typeof globalThis.fetch;
+  /** The caller's own fetch, if given (else probe.ts's undici request). */
+  private readonly fetchImpl: typeof globalThis.fetch | null;
   /** etcd member id (decimal string) -> our node id, learned from each member's own answer. */
   private readonly byMemberId = new Map<string, string>();
   private readonly loop: PollLoop;
@@ -48,7 +50,7 @@ export class EtcdLeaderProbe extends EventEmitter {
     this.members = options.members;
     this.intervalMs = options.intervalMs ?? DEFAULT_LEADER_INTERVAL_MS;
     this.timeoutMs = options.timeoutMs ?? 200;
-    this.fetchImpl = options.fetch ?? globalThis.fetch;
+    this.fetchImpl = options.fetch ?? null;
     this.loop = new PollLoop(this.intervalMs, () => this.probeOnce());
   }
 
@@ -126,17 +128,21 @@ export class EtcdLeaderProbe extends EventEmitter {
 
   private async status(member: MemberConfig): Promise<StatusAnswer | null> {
     try {
-      const res = await this.fetchImpl(`${member.url}/v3/maintenance/status`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: '{}',
-        signal: AbortSignal.timeout(this.timeoutMs),
-      });
-      if (res.status !== 200) {
-        await res.arrayBuffer();
-        return null;
+      const url = `${member.url}/v3/maintenance/status`;
+      let answer: unknown;
+      if (this.fetchImpl === null) {
+        const { status, json } = await probeJson(url, '{}', this.timeoutMs);
+        if (status !== 200) return null;
+        answer = json;
+      } else {
+        const res = await this.fetchImpl(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}', signal: AbortSignal.timeout(this.timeoutMs) });
+        if (res.status !== 200) {
+          await res.arrayBuffer();
+          return null;
+        }
+        answer = await res.json();
       }
-      const body = (await res.json()) as { header?: { member_id?: string }; leader?: string; raftTerm?: string };
+      const body = (answer ?? {}) as { header?: { member_id?: string }; leader?: string; raftTerm?: string };
       const memberId = body.header?.member_id;
       if (typeof memberId !== 'string') return null;
       return { id: member.id, memberId, leader: String(body.leader ?? '0'), term: BigInt(body.raftTerm ?? '0') };

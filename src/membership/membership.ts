@@ -11,6 +11,7 @@ import { performance } from 'node:perf_hooks';
 import { ConfigError } from '../errors.js';
 import { quantiseWeight, type NodeInfo } from '../hashing/rendezvous.js';
 import { PollLoop } from './poll.js';
+import { probeStatus } from './probe.js';
 
 /** A region's name (a node's, the front door's): 1-64 letters, digits, '.', '_' or '-'. */
 export const REGION_NAME = /^[A-Za-z0-9._-]{1,64}$/;
@@ -165,7 +166,8 @@ export class Membership extends EventEmitter {
   readonly timeoutMs: number;
   private readonly members: MemberConfig[];
   private readonly states: Map<string, MemberState>;
-  private readonly fetchImpl: typeof globalThis.fetch;
+  /** The caller's own fetch, if given (else probe.ts's undici request). */
+  private readonly fetchImpl: typeof globalThis.fetch | null;
   private readonly healthPath: string;
   private readonly loop: PollLoop;
   private probing: Promise<void> | null = null;
@@ -176,7 +178,7 @@ export class Membership extends EventEmitter {
     this.intervalMs = positive(options.intervalMs, DEFAULT_HEALTH_INTERVAL_MS, 'intervalMs');
     this.timeoutMs = positive(options.timeoutMs, DEFAULT_HEALTH_TIMEOUT_MS, 'timeoutMs');
     this.healthPath = options.healthPath ?? '/health';
-    this.fetchImpl = options.fetch ?? globalThis.fetch;
+    this.fetchImpl = options.fetch ?? null;
     // Members start healthy: a front door that has not probed yet should try, and failover
     // covers a node that turns out to be down.
     this.states = new Map(this.members.map((config) => [config.id, { config, healthy: true, capacity: config.weight ?? 1, heldUntil: 0, ejected: false, backAt: 0, returnedAt: 0, streak: 0, ejections: 0 }]));
@@ -372,6 +374,10 @@ export class Membership extends EventEmitter {
 
   private async probe(member: MemberConfig): Promise<boolean> {
     try {
+      if (this.fetchImpl === null) {
+        const status = await probeStatus(member.url + this.healthPath, this.timeoutMs);
+        return status >= 200 && status < 300;
+      }
       const res = await this.fetchImpl(member.url + this.healthPath, {
         signal: AbortSignal.timeout(this.timeoutMs),
       });
