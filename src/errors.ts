@@ -166,3 +166,13 @@ export function jsonErrorAt(text: string): number {
     return typeof at === 'number' ? Math.min(at, text.length) : -2;
   }
 }
+
+/**
+ * A value as an error line shows it: JSON-quoted, with every control and format character
+ * escaped (JSON leaves DEL, the C1 controls and bidirectional overrides raw, which would reach
+ * the operator's terminal or log as they are).
+ */
+export function quoted(value: unknown): string {
+  const json = JSON.stringify(value) ?? String(value);
+  return json.replace(/[\p{Cc}\p{Cf}]/gu, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+}

@@ -63,18 +63,23 @@ describe('flags and environment', () => {
     ['nodes from the environment and a config file', ['--config', '/nonexistent.json'], { LAKEFRONT_NODES: 'a=http://127.0.0.1:1' }, /^--config: give clusters either in the file or with --nodes\/--etcd, not both \(LAKEFRONT_NODES is set too\)$/],
     ['affinity keys from the environment with no configuration file', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_AFFINITY_KEYS: 'short' }, /^LAKEFRONT_AFFINITY_KEYS: affinity tickets belong to routes in a configuration file \(--config\), and none is given$/],
     // An unparsable URL is shown without what could be a secret in it.
-    ['an unparsable node URL with credentials (the password not echoed)', ['--nodes', 'a=http://admin:hunter2@10.0.0.1:70000'], {}, /^--nodes: bad URL "http:\/\/\*\*\*@10\.0\.0\.1:70000" for node "a" \(not a URL/],
-    ['the same from the environment, for etcd', [], { LAKEFRONT_ETCD: 'e1=http://root:etcdpass@10.0.0.5:2379x' }, /^LAKEFRONT_ETCD: bad URL "http:\/\/\*\*\*@10\.0\.0\.5:2379x" for node "e1"/],
-    ['a node URL with a query (not echoed)', ['--nodes', 'a=http://127.0.0.1:1/?token=s3cr3t'], {}, /^--nodes: bad URL "http:\/\/127\.0\.0\.1:1\/\?\*\*\*" for node "a" \(http\(s\):\/\/host:port only, no path\)$/],
+    ['an unparsable node URL with credentials (not shown)', ['--nodes', 'a=http://admin:hunter2@10.0.0.1:70000'], {}, /^--nodes: bad URL for node "a" \(not a URL of the form http\(s\):\/\/host:port, the port 1-65535; not shown, as it may hold a password\)$/],
+    ['the same from the environment, for etcd', [], { LAKEFRONT_ETCD: 'e1=http://root:etcdpass@10.0.0.5:2379x' }, /^LAKEFRONT_ETCD: bad URL for node "e1" \(not a URL/],
+    ['a password with a slash in it (the URL does not parse)', ['--nodes', 'a=http://user:pa/ss@host:1'], {}, /^--nodes: bad URL for node "a" \(not a URL/],
+    ['a node URL with a query (not echoed)', ['--nodes', 'a=http://127.0.0.1:1/?token=s3cr3t'], {}, /^--nodes: bad URL "http:\/\/127\.0\.0\.1:1\?\*\*\*" for node "a" \(http\(s\):\/\/host:port only, no path\)$/],
+    // An entry that is no id=url is named by its place: it may be a URL with a password.
+    ['a URL with no id (not shown)', ['--nodes', 'http://user:pass@h:1'], {}, /^--nodes: bad entry 1 of 1 \(want id=url; not shown, as it may hold a password\)$/],
+    ['a URL with no id and a query (not taken for id=url)', ['--nodes', 'http://10.0.0.1:80/?token=s3cr3t'], {}, /^--nodes: bad entry 1 of 1 \(it starts with a URL: want id=url; not shown, as it may hold a password\)$/],
+    ['a comma in a password (the tail an entry of its own, not shown)', ['--nodes', 'a=http://127.0.0.1:1,b=http://u:p,ss@h:1'], {}, /^--nodes: bad entry 3 of 3 \(want id=url; not shown, as it may hold a password\)$/],
     // Set but empty is not unset: an empty LAKEFRONT_NODES must not start the demo.
-    ['an empty LAKEFRONT_NODES', [], { LAKEFRONT_NODES: '' }, /^LAKEFRONT_NODES: set but empty \(unset it for the default\)$/],
+    ['an empty LAKEFRONT_NODES', [], { LAKEFRONT_NODES: '' }, /^LAKEFRONT_NODES: set but empty \(unset it for the default: the demo cluster\)$/],
     ['an empty LAKEFRONT_CONFIG', [], { LAKEFRONT_CONFIG: ' ' }, /^LAKEFRONT_CONFIG: set but empty/],
     ['an empty LAKEFRONT_ETCD', [], { LAKEFRONT_ETCD: '' }, /^LAKEFRONT_ETCD: set but empty/],
     ['an empty LAKEFRONT_HOST', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_HOST: '' }, /^LAKEFRONT_HOST: set but empty/],
-    ['an empty PORT', ['--nodes', 'a=http://127.0.0.1:1'], { PORT: '' }, /^PORT: set but empty/],
-    ['a node id with a control character', ['--nodes', 'a\x7fb=http://127.0.0.1:1'], {}, /^--nodes: bad node id "a\\u007fb" \(non-empty, no spaces, commas, '=' or control characters\)$/],
+    ['a node id with a control character', ['--nodes', 'a\x7fb=http://127.0.0.1:1'], {}, /^--nodes: bad node id "a\\u007fb" \(non-empty, no spaces, commas, '=', control or format characters\)$/],
     ['a node id with a NUL', ['--nodes', 'a\x00b=http://127.0.0.1:1'], {}, /^--nodes: bad node id "a\\u0000b"/],
     ['a node id with a C1 control character (shown escaped)', [], { LAKEFRONT_NODES: 'a\x9bb=http://127.0.0.1:1' }, /^LAKEFRONT_NODES: bad node id "a\\u009bb"/],
+    ['a node id with a bidirectional override (shown escaped)', ['--nodes', 'a\u202eb=http://127.0.0.1:1'], {}, /^--nodes: bad node id "a\\u202eb"/],
     ['a hedge percentile in hex', ['--hedge-percentile', '0x5F', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-percentile: not a decimal number: "0x5F"$/],
     ['a hedge budget in binary, from the environment', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_HEDGE_BUDGET_PERCENT: '0b1010' }, /^LAKEFRONT_HEDGE_BUDGET_PERCENT: not a decimal number: "0b1010"$/],
     ['a hedge percentile with an exponent', ['--hedge-percentile', '.5e2', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-percentile: not a decimal number/],
@@ -123,14 +128,20 @@ describe('configuration file', () => {
     assert.deepEqual(file.routes[2]!.operations!.writes, []);
   });
 
-  it('takes route paths with a colon inside a segment, an exact path with a trailing slash, and the root', () => {
-    const file = parseFileConfig({ ...good, routes: ['/v1/models:predict', '/a/', '/', '/*'].map((path) => ({ path, cluster: 'boards', keyHeader: 'x-lakefront-board' })) }, 'lf.json');
-    assert.deepEqual(file.routes.map((r) => r.pattern), ['/v1/models:predict', '/a/', '/', '/*']);
+  it('takes an empty environment variable for unset where its default is no surprise (PORT, LAKEFRONT_THREADS)', () => {
+    const run = parseCommand(['--nodes', 'a=http://127.0.0.1:1'], { PORT: '', LAKEFRONT_THREADS: '' });
+    assert.equal(run.kind === 'run' && run.config.port, 8080);
   });
 
-  it('takes a strict quorum that says it keeps no hints (maxHintBytes 0)', () => {
-    const file = parseFileConfig({ ...good, routes: [{ path: '/kv/*', cluster: 'boards', quorum: { n: 2, sloppy: false, maxHintBytes: 0 } }] }, 'lf.json');
+  it('takes route paths with a colon inside a segment, an exact path with a trailing slash, the root, and dots inside segments', () => {
+    const file = parseFileConfig({ ...good, routes: ['/v1/models:predict', '/a/', '/', '/*', '/.well-known/*', '/a.b/.c/*'].map((path) => ({ path, cluster: 'boards', keyHeader: 'x-lakefront-board' })) }, 'lf.json');
+    assert.deepEqual(file.routes.map((r) => r.pattern), ['/v1/models:predict', '/a/', '/', '/*', '/.well-known/*', '/a.b/.c/*']);
+  });
+
+  it('takes a strict quorum that says it keeps no hints (maxHintBytes 0), and its window for hints taken over', () => {
+    const file = parseFileConfig({ ...good, routes: [{ path: '/kv/*', cluster: 'boards', quorum: { n: 2, sloppy: false, maxHintBytes: 0, hintWindowSeconds: 60 } }] }, 'lf.json');
     assert.equal(file.routes[0]!.quorum!.sloppy, false);
+    assert.equal(file.routes[0]!.quorum!.hintWindowMs, 60_000);
   });
 
   it('says where a file stops being JSON, by line and column, and quotes none of it', () => {
@@ -167,7 +178,7 @@ describe('configuration file', () => {
 
   it('names a node without a url, and says what a URL must look like', () => {
     assert.throws(() => parseFileConfig({ ...good, clusters: [{ ...good.clusters[0], nodes: [{ id: 'a' }] }, good.clusters[1]] }, 'lf.json'), /lf\.json: clusters\[0\]\.nodes: node "a" has no url \(http\(s\):\/\/host:port\)$/);
-    assert.throws(() => parseCommand(['--nodes', 'a=http://127.0.0.1:99999'], {}), /--nodes: bad URL "http:\/\/127\.0\.0\.1:99999" for node "a" \(not a URL of the form http\(s\):\/\/host:port, the port 1-65535\)$/);
+    assert.throws(() => parseCommand(['--nodes', 'a=http://127.0.0.1:99999'], {}), /--nodes: bad URL for node "a" \(not a URL of the form http\(s\):\/\/host:port, the port 1-65535; not shown, as it may hold a password\)$/);
   });
 
   it('reads a string node list as --nodes does, each id and URL trimmed', () => {
@@ -229,13 +240,18 @@ describe('configuration file', () => {
     ['a route over the front door\'s own /stats', { ...good, routes: [{ path: '/stats', cluster: 'boards' }] }, /routes\[0\]\.path: \/stats is the front door's own endpoint/],
     // Paths uWS's router would read otherwise, or that no request can match.
     ['a route path with a uWS parameter', { ...good, routes: [{ path: '/:id/*', cluster: 'boards' }] }, /routes\[0\]\.path: no segment starting with ":" in a route path \(uWS would take it for a parameter that matches any segment\), got "\/:id\/\*"/],
-    ['a route path with a query', { ...good, routes: [{ path: '/stats?x', cluster: 'boards' }] }, /routes\[0\]\.path: no query, fragment, spaces or control characters in a route path, got "\/stats\?x"/],
+    ['a route path with a query', { ...good, routes: [{ path: '/stats?x', cluster: 'boards' }] }, /routes\[0\]\.path: no query, fragment, spaces, control or format characters in a route path, got "\/stats\?x"/],
+    ['a route path with an encoded dot segment', { ...good, routes: [{ path: '/a/%2e%2e/*', cluster: 'boards' }] }, /routes\[0\]\.path: no percent-escapes or backslashes in a route path \(write it plain\), got "\/a\/%2e%2e\/\*"/],
+    ['a route path with a backslash', { ...good, routes: [{ path: '/a\\b/*', cluster: 'boards' }] }, /routes\[0\]\.path: no percent-escapes or backslashes/],
+    ['a route path with a dot segment carrying a parameter', { ...good, routes: [{ path: '/a/..;x/*', cluster: 'boards' }] }, /routes\[0\]\.path: no "\." or "\.\." segments/],
+    ['a route path with a C1 control character (shown escaped)', { ...good, routes: [{ path: '/a\u0085b', cluster: 'boards' }] }, /routes\[0\]\.path: no query, fragment, spaces, control or format characters in a route path, got "\/a\\u0085b"/],
     ['a route path with a space', { ...good, routes: [{ path: '/a b/*', cluster: 'boards' }] }, /routes\[0\]\.path: no query, fragment, spaces/],
     ['a route path with a dot segment', { ...good, routes: [{ path: '/a/../*', cluster: 'boards' }] }, /routes\[0\]\.path: no "\." or "\.\." segments in a route path \(requests with them are refused\), got "\/a\/\.\.\/\*"/],
     ['a route path with an empty segment', { ...good, routes: [{ path: '//a/*', cluster: 'boards' }] }, /routes\[0\]\.path: no empty segments in a route path \("\/\/"\), got "\/\/a\/\*"/],
     // Taken and doing nothing is refused too.
-    ['a hint window on a strict quorum', { ...good, routes: [{ path: '/kv/*', cluster: 'boards', quorum: { sloppy: false, hintWindowSeconds: 60 } }] }, /routes\[0\]\.quorum\.hintWindowSeconds: applies to a sloppy quorum only \(hints for stand-ins\), and "sloppy" is false/],
     ['a hint budget on a strict quorum', { ...good, routes: [{ path: '/kv/*', cluster: 'boards', quorum: { sloppy: false, maxHintBytes: 1024 } }] }, /routes\[0\]\.quorum\.maxHintBytes: applies to a sloppy quorum only/],
+    // The conflict, not the etcd preset's hybrid default on a cluster with no leader probe.
+    ['a replicated route with the etcd preset, over a cluster with no leader probe', { ...good, routes: [{ path: '/kv/*', cluster: 'boards', preset: 'etcd', quorum: {} }] }, /routes\[0\]\.preset: does not apply to a replicated route \(quorum\)/],
     ['a leader probe interval on a cluster with no leader probe', { ...good, clusters: [{ ...good.clusters[0], leaderIntervalMs: 100 }, good.clusters[1]] }, /clusters\[0\]\.leaderIntervalMs: the cluster has no leader probe to time/],
     ['an affinity header the front door sets itself', { ...good, routes: [{ path: '/live/*', cluster: 'boards', policy: 'round_robin', keyHeader: null, affinity: { app: 'a', header: 'X-Forwarded-For' } }] }, /routes\[0\]\.affinity\.header: "x-forwarded-for" is a header the nodes or the front door need/],
     // A key put where the settings belong is not echoed.
@@ -291,7 +307,10 @@ describe('--hints-file', () => {
     const run = parseCommand(['--hints-file', '/var/lib/lakefront/hints.json'], {});
     assert.equal(run.kind === 'run' && run.config.hintsFile, '/var/lib/lakefront/hints.json');
     assert.throws(() => parseCommand(['--hints-file', ''], {}), /--hints-file: an empty path/);
-    assert.throws(() => parseCommand([], { LAKEFRONT_HINTS_FILE: ' ' }), /LAKEFRONT_HINTS_FILE: set but empty \(unset it for the default\)/);
+    assert.throws(() => parseCommand([], { LAKEFRONT_HINTS_FILE: ' ' }), /LAKEFRONT_HINTS_FILE: an empty path/);
+    // Set but empty is unset here (a template's `${X:-}`): no hints file.
+    const unset = parseCommand([], { LAKEFRONT_HINTS_FILE: '' });
+    assert.equal(unset.kind === 'run' && unset.config.hintsFile, null);
   });
 });
 

@@ -438,6 +438,17 @@ describe('a saved hint without its key (a hints file an earlier version wrote)',
   });
 });
 
+describe('a hints file that can be neither read as hints nor set aside', () => {
+  it('stops start-up with a ConfigError (exit 2), not a crash, and is left where it was', () => {
+    // /proc/version: a regular file no one can rename (not root either), and not JSON.
+    assert.throws(
+      () => loadHints('/proc/version'),
+      (err: Error) => err instanceof ConfigError && /^hints file \/proc\/version: not valid JSON .*, and it cannot be set aside as \/proc\/version\.unreadable \(/.test(err.message),
+    );
+    assert.equal(existsSync('/proc/version'), true);
+  });
+});
+
 /** A hand-driven cluster for the fan-out: the test answers each attempt itself. */
 class Cluster extends Handoff implements ReplicaHost {
   readonly regionOf: Int32Array;

@@ -77,6 +77,14 @@ export type Command =
   /** `configFile`: the `--config` (or LAKEFRONT_CONFIG) file, which SIGHUP re-reads; null: none. */
   | { readonly kind: 'run'; readonly demo: boolean; readonly config: FrontDoorConfig; readonly configFile: string | null };
 
+/** Environment variables refused when set but empty, with what their default would be. */
+const EMPTY_REFUSED: ReadonlyMap<string, string> = new Map([
+  ['LAKEFRONT_NODES', 'the demo cluster'],
+  ['LAKEFRONT_ETCD', 'no etcd members'],
+  ['LAKEFRONT_CONFIG', 'no configuration file'],
+  ['LAKEFRONT_HOST', 'every interface'],
+]);
+
 function integer(raw: string, source: string, min: number, max: number): number {
   // A negative whole number is one: the range names what is wrong with it.
   if (!/^-?\d+$/.test(raw.trim())) throw new ConfigError(`${source}: not a whole number: ${JSON.stringify(raw)}`);
@@ -200,10 +208,11 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     const option = OPTIONS.find((o) => o.flag === flag)!;
     const fromEnv = option.env !== undefined ? env[option.env] : undefined;
     if (fromEnv === undefined) return undefined;
-    // Set but empty is a mistake to say, not the default to take: a deployment template whose
-    // LAKEFRONT_NODES came out empty would otherwise serve the demo cluster, and an empty
-    // LAKEFRONT_HOST would listen on every interface. (An empty flag is refused the same way.)
-    if (fromEnv.trim() === '') throw new ConfigError(`${option.env}: set but empty (unset it for the default)`);
+    // Set but empty means the default (as templates write `${X:-}`), except where the default
+    // is a surprise no one should get by accident: an empty node list or configuration would
+    // serve the demo cluster, an empty host listen on every interface. Those stop start-up.
+    if (fromEnv.trim() === '' && EMPTY_REFUSED.has(option.env!)) throw new ConfigError(`${option.env}: set but empty (unset it for the default: ${EMPTY_REFUSED.get(option.env!)})`);
+    if (fromEnv === '') return undefined;
     return [fromEnv, option.env!];
   };
   const int = (flag: string, fallback: number, min: number, max: number): number => {

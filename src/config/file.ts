@@ -19,8 +19,8 @@
  * Every bad value is a ConfigError naming its place, e.g. `routes[1].policy: unknown policy "x"`.
  */
 import { DEFAULT_AFFINITY_HEADER, DEFAULT_TICKET_TTL_SECONDS, ticketFits, type AffinitySettings } from '../affinity/tickets.js';
-import { DROPPED_REQUEST_HEADERS, HEDGED_HEADER, IDEMPOTENT_HEADER, SERVED_BY_HEADER } from '../contract.js';
-import { ConfigError } from '../errors.js';
+import { DROPPED_REQUEST_HEADERS, HEDGED_HEADER, IDEMPOTENT_HEADER, SERVED_BY_HEADER, hasDotSegment } from '../contract.js';
+import { ConfigError, quoted } from '../errors.js';
 import { REGION_NAME, parseMemberList, validateMembers, type MemberConfig } from '../membership/membership.js';
 import { OWN_PATHS, POLICY_NAMES, type OperationRules, type PolicyName, type PolicySettings } from '../server/protocol.js';
 import type { ClusterConfig, RouteConfig } from '../server/supervisor.js';
@@ -143,11 +143,14 @@ const PATH_PATTERN = /^\/[^*]*\*?$/;
  * Null for a good path.
  */
 function routePathProblem(path: string): string | null {
-  if (/[?#\s\p{Cc}]/u.test(path)) return 'no query, fragment, spaces or control characters in a route path';
+  if (/[?#\s\p{Cc}\p{Cf}]/u.test(path)) return 'no query, fragment, spaces, control or format characters in a route path';
+  // Requests are matched as they are spelled; the front door refuses (a dot segment, %00) or
+  // routes by their plain spelling (another route's path spelled with escapes) those that are not.
+  if (/[%\\]/.test(path)) return 'no percent-escapes or backslashes in a route path (write it plain)';
   const segments = path.slice(1).split('/');
   // Only the last may be empty ("/", an exact "/a/").
   if (segments.slice(0, -1).some((seg) => seg === '')) return 'no empty segments in a route path ("//")';
-  if (segments.some((seg) => seg === '.' || seg === '..')) return 'no "." or ".." segments in a route path (requests with them are refused)';
+  if (hasDotSegment(path)) return 'no "." or ".." segments in a route path (requests with them are refused)';
   if (segments.some((seg) => seg.startsWith(':'))) return 'no segment starting with ":" in a route path (uWS would take it for a parameter that matches any segment)';
   return null;
 }
@@ -235,9 +238,10 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
   const sloppy = bool(value, 'sloppy', where) ?? true;
   if (sloppy && maxHintBytes === 0) fail(`${where}.maxHintBytes`, '0 keeps no hints, so no stand-in could be used: set "sloppy": false instead');
   // Hints are a sloppy quorum's: on a strict one these would be taken and do nothing.
-  // (maxHintBytes 0 says the same as "sloppy": false, and is taken.)
-  if (!sloppy && hintWindowSeconds !== undefined) fail(field(where, 'hintWindowSeconds'), 'applies to a sloppy quorum only (hints for stand-ins), and "sloppy" is false');
-  if (!sloppy && maxHintBytes !== undefined && maxHintBytes > 0) fail(field(where, 'maxHintBytes'), 'applies to a sloppy quorum only (hints for stand-ins), and "sloppy" is false');
+  // A strict quorum makes no hints, so a budget for them would be taken and do nothing (0 says
+  // the same as "sloppy": false, and is taken). Its hintWindowSeconds still bounds the hints it
+  // takes over from a hints file or a sloppy predecessor, so that one is taken.
+  if (!sloppy && maxHintBytes !== undefined && maxHintBytes > 0) fail(field(where, 'maxHintBytes'), 'applies to a sloppy quorum only (a strict one makes no hints), and "sloppy" is false');
   return {
     n,
     w,
@@ -317,7 +321,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
       fail(`${where}.path`, `must start with / and may end in /* (a wildcard is a whole segment: "/api/*", not "/api*"), got ${JSON.stringify(path)}`);
     }
     const unmatchable = routePathProblem(path);
-    if (unmatchable !== null) fail(`${where}.path`, `${unmatchable}, got ${JSON.stringify(path)}`);
+    if (unmatchable !== null) fail(`${where}.path`, `${unmatchable}, got ${quoted(path)}`);
     if (OWN_PATHS.includes(path)) fail(`${where}.path`, `${path} is the front door's own endpoint (${OWN_PATHS.join(', ')} are not proxied)`);
     const cluster = str(r, 'cluster', where, true);
     const clusterConfig = clusters.find((c) => c.name === cluster);

@@ -8,7 +8,7 @@
  */
 import { EventEmitter } from 'node:events';
 import { performance } from 'node:perf_hooks';
-import { ConfigError } from '../errors.js';
+import { ConfigError, quoted } from '../errors.js';
 import { quantiseWeight, type NodeInfo } from '../hashing/rendezvous.js';
 import { PollLoop } from './poll.js';
 import { probeStatus } from './probe.js';
@@ -46,15 +46,29 @@ export const DEFAULT_HEALTH_TIMEOUT_MS = 500;
 /** `id=url,...`, as `--nodes` and a configuration file's string list take it (each part trimmed). */
 export function parseMemberList(text: string, what: string): MemberConfig[] {
   const members: MemberConfig[] = [];
-  for (const part of text.split(',')) {
+  const parts = text.split(',');
+  for (const [i, part] of parts.entries()) {
     const entry = part.trim();
     if (entry === '') continue;
     const eq = entry.indexOf('=');
-    if (eq <= 0 || eq === entry.length - 1) throw new ConfigError(`${what}: bad entry ${JSON.stringify(entry)} (want id=url)`);
-    members.push({ id: entry.slice(0, eq).trim(), url: entry.slice(eq + 1).trim() });
+    // Named by its place, not shown: an entry without its id is a URL, maybe with a password
+    // (and a comma inside one splits it into entries).
+    if (eq <= 0 || eq === entry.length - 1) throw new ConfigError(`${what}: bad entry ${i + 1} of ${parts.length} (want id=url; not shown, as it may hold a password)`);
+    const id = entry.slice(0, eq).trim();
+    // A URL with no id before it, split at its query's '=' (`http://h:1/?token=...`).
+    if (id.includes('://')) throw new ConfigError(`${what}: bad entry ${i + 1} of ${parts.length} (it starts with a URL: want id=url; not shown, as it may hold a password)`);
+    members.push({ id, url: entry.slice(eq + 1).trim() });
   }
   if (members.length === 0) throw new ConfigError(`${what}: no nodes in ${JSON.stringify(text)}`);
   return validateMembers(members, what);
+}
+
+/**
+ * A node URL that parsed, as an error line shows it: scheme, host, port and path, never a query
+ * or fragment (`?token=...`). Credentials never get this far (refused before, unshown).
+ */
+function shownUrl(url: URL): string {
+  return quoted(`${url.protocol}//${url.host}${url.pathname === '/' ? '' : url.pathname}${url.search ? '?***' : ''}${url.hash ? '#***' : ''}`);
 }
 
 /**
@@ -62,28 +76,6 @@ export function parseMemberList(text: string, what: string): MemberConfig[] {
  * path, query or fragment. Returns the members with URLs normalised to their origin. Throws
  * ConfigError naming the first bad value.
  */
-/**
- * A node URL as an error line may show it: what could be a secret in it left out (the user and
- * password before an `@` in the authority, a query, a fragment: `?token=...`), for URLs that
- * parse and for those that do not.
- */
-export function redactUrl(raw: string): string {
-  const scheme = /^[A-Za-z][A-Za-z0-9+.-]*:\/\//.exec(raw);
-  const start = scheme ? scheme[0].length : 0;
-  let end = raw.slice(start).search(/[/?#]/);
-  end = end < 0 ? raw.length : start + end;
-  const at = raw.lastIndexOf('@', end - 1);
-  let shown = at >= start ? `${raw.slice(0, start)}***@${raw.slice(at + 1)}` : raw;
-  shown = shown.replace(/\?[^#]*/, '?***').replace(/#.*/, '#***');
-  return shown;
-}
-
-/** An id as an error line shows it: quoted, every control character escaped (JSON leaves DEL and C1 raw). */
-function shownId(id: unknown): string {
-  const json = JSON.stringify(id) ?? String(id);
-  return json.replace(/\p{Cc}/gu, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
-}
-
 export function validateMembers(members: readonly MemberConfig[], what = 'nodes'): MemberConfig[] {
   if (!Array.isArray(members) || members.length === 0) throw new ConfigError(`${what}: at least one node is required`);
   const seen = new Set<string>();
@@ -91,8 +83,8 @@ export function validateMembers(members: readonly MemberConfig[], what = 'nodes'
     const id = member?.id;
     // No control characters either: the id goes out in every answer's x-lakefront-served-by
     // header (where one makes the answer invalid) and into the logs.
-    if (typeof id !== 'string' || id.length === 0 || /[\s,=\p{Cc}]/u.test(id)) {
-      throw new ConfigError(`${what}: bad node id ${shownId(id)} (non-empty, no spaces, commas, '=' or control characters)`);
+    if (typeof id !== 'string' || id.length === 0 || /[\s,=\p{Cc}\p{Cf}]/u.test(id)) {
+      throw new ConfigError(`${what}: bad node id ${quoted(id)} (non-empty, no spaces, commas, '=', control or format characters)`);
     }
     if (seen.has(id)) throw new ConfigError(`${what}: duplicate node id "${id}"`);
     seen.add(id);
@@ -101,17 +93,18 @@ export function validateMembers(members: readonly MemberConfig[], what = 'nodes'
     try {
       url = new URL(member.url);
     } catch {
-      throw new ConfigError(`${what}: bad URL ${JSON.stringify(redactUrl(member.url))} for node "${id}" (not a URL of the form http(s)://host:port, the port 1-65535)`);
+      // Not shown: what does not parse cannot be told apart from a password in it.
+      throw new ConfigError(`${what}: bad URL for node "${id}" (not a URL of the form http(s)://host:port, the port 1-65535; not shown, as it may hold a password)`);
     }
     // Never echoed: it would print the password into the log.
     if (url.username || url.password) throw new ConfigError(`${what}: the URL for node "${id}" carries credentials, which are not supported`);
     // No path either: the front door sends the client's path as it is, so a base path would be
     // honoured by health probes and Router.forward but not by the front door.
     if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.search || url.hash || url.pathname !== '/') {
-      throw new ConfigError(`${what}: bad URL ${JSON.stringify(redactUrl(member.url))} for node "${id}" (http(s)://host:port only, no path)`);
+      throw new ConfigError(`${what}: bad URL ${shownUrl(url)} for node "${id}" (http(s)://host:port only, no path)`);
     }
     // The URL parser takes port 0; nothing can be reached there.
-    if (url.port === '0') throw new ConfigError(`${what}: bad URL ${JSON.stringify(redactUrl(member.url))} for node "${id}" (port 0 cannot be reached)`);
+    if (url.port === '0') throw new ConfigError(`${what}: bad URL ${shownUrl(url)} for node "${id}" (port 0 cannot be reached)`);
     const region = member.region;
     if (region !== undefined && (typeof region !== 'string' || !REGION_NAME.test(region))) {
       throw new ConfigError(`${what}: bad region ${JSON.stringify(region)} for node "${id}" (1-64 letters, digits, '.', '_' or '-')`);

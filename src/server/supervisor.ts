@@ -9,7 +9,7 @@
 import type { AffinitySettings } from '../affinity/tickets.js';
 import { EventEmitter } from 'node:events';
 import { Buffer } from 'node:buffer';
-import { accessSync, closeSync, constants, fsyncSync, lstatSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, type Stats } from 'node:fs';
+import { accessSync, closeSync, constants, fsyncSync, lstatSync, openSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, type Stats } from 'node:fs';
 import { dirname } from 'node:path';
 import { createServer } from 'node:net';
 import { performance } from 'node:perf_hooks';
@@ -721,8 +721,17 @@ export class FrontDoor extends EventEmitter {
    */
   private takeHints(file: string): void {
     checkHintsPath(file);
+    const dir = dirname(file);
+    let dirInfo: Stats;
     try {
-      accessSync(dirname(file), constants.W_OK);
+      dirInfo = statSync(dir);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      throw new ConfigError(`hints file ${file}: its directory ${dir} ${code === 'ENOENT' ? 'does not exist' : `cannot be read (${code ?? (err as Error).message})`} (a stop could not save the hints there)`);
+    }
+    if (!dirInfo.isDirectory()) throw new ConfigError(`hints file ${file}: ${dir} is not a directory (a stop could not save the hints there)`);
+    try {
+      accessSync(dir, constants.W_OK);
     } catch {
       throw new ConfigError(`hints file ${file}: its directory is not writable (a stop could not save the hints there)`);
     }
@@ -1286,11 +1295,16 @@ export function loadHints(file: string): SavedHint[] {
  * replaced).
  */
 export function checkHintsPath(file: string): void {
+  // `/tmp/hints/` is a directory's name: taken as a file, a stop would write into a directory
+  // that may not be there, and lose the hints.
+  if (file.endsWith('/')) throw new ConfigError(`hints file ${file}: ends in "/", naming a directory; name the file`);
   let info: Stats;
   try {
     info = lstatSync(file);
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return;
+    if (code === 'ENOTDIR') throw new ConfigError(`hints file ${file}: a part of the path before its name is not a directory`);
     throw new ConfigError(`hints file ${file}: ${(err as Error).message}`);
   }
   if (info.isFile()) return;
