@@ -1718,7 +1718,7 @@ describe('replicated route: hints saved at a stop', () => {
         await door.stop();
         await node.stop();
       }
-      await assert.rejects(FrontDoor.start({ ...config, hintsFile: join(dir, 'no-such-dir', 'hints.json') }), /its directory is not writable/);
+      await assert.rejects(FrontDoor.start({ ...config, hintsFile: join(dir, 'no-such-dir', 'hints.json') }), /its directory .*no-such-dir does not exist \(a stop could not save the hints there\)/);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
