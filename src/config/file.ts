@@ -138,9 +138,10 @@ const PATH_PATTERN = /^\/[^*]*\*?$/;
 /**
  * What keeps a route's path from being the literal path (or prefix) it reads as, where uWS's
  * router takes it: a segment starting with `:` is a uWS parameter (`/:id/*` takes any first
- * segment), and a query, a fragment, a space or a control character, an empty segment (`//a/*`)
- * or a dot segment (`/a/../*`: such requests are refused, `400`) can never match a request.
- * Null for a good path.
+ * segment); a query, a fragment, a space, a control or format character, an empty segment
+ * (`//a/*`) or a dot segment (`/a/../*`, `/a/..;x/*`: such requests are refused, `400`) can never
+ * match a request; and a percent-escape or a backslash can only match spellings the front door
+ * refuses or routes by their plain form. Null for a good path.
  */
 function routePathProblem(path: string): string | null {
   if (/[?#\s\p{Cc}\p{Cf}]/u.test(path)) return 'no query, fragment, spaces, control or format characters in a route path';
@@ -237,7 +238,6 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
   const maxHintBytes = whole('maxHintBytes', 0, 1024 * 1024 * 1024);
   const sloppy = bool(value, 'sloppy', where) ?? true;
   if (sloppy && maxHintBytes === 0) fail(`${where}.maxHintBytes`, '0 keeps no hints, so no stand-in could be used: set "sloppy": false instead');
-  // Hints are a sloppy quorum's: on a strict one these would be taken and do nothing.
   // A strict quorum makes no hints, so a budget for them would be taken and do nothing (0 says
   // the same as "sloppy": false, and is taken). Its hintWindowSeconds still bounds the hints it
   // takes over from a hints file or a sloppy predecessor, so that one is taken.

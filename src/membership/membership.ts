@@ -81,8 +81,9 @@ export function validateMembers(members: readonly MemberConfig[], what = 'nodes'
   const seen = new Set<string>();
   return members.map((member) => {
     const id = member?.id;
-    // No control characters either: the id goes out in every answer's x-lakefront-served-by
-    // header (where one makes the answer invalid) and into the logs.
+    // No control or format characters either: the id goes out in every answer's
+    // x-lakefront-served-by header (where a control character makes the answer invalid) and into
+    // the logs (where a bidirectional override rewrites what the line shows).
     if (typeof id !== 'string' || id.length === 0 || /[\s,=\p{Cc}\p{Cf}]/u.test(id)) {
       throw new ConfigError(`${what}: bad node id ${quoted(id)} (non-empty, no spaces, commas, '=', control or format characters)`);
     }
