@@ -16,7 +16,8 @@ import { parseFileConfig } from '../src/config/file.js';
 import { ConfigError } from '../src/errors.js';
 import { defaultSettings } from '../src/server/settings.js';
 import { FrontDoor, loadHints, type FrontDoorConfig } from '../src/server/supervisor.js';
-import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
 import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -446,6 +447,23 @@ describe('a hints file that can be neither read as hints nor set aside', () => {
       (err: Error) => err instanceof ConfigError && /^hints file \/proc\/version: not valid JSON .*, and it cannot be set aside as \/proc\/version\.unreadable \(/.test(err.message),
     );
     assert.equal(existsSync('/proc/version'), true);
+  });
+
+  it('reads only the regular file it opened: a pipe or a symbolic link put in its place after the check is refused, not followed or waited on', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lf-hints-kind-'));
+    try {
+      const target = join(dir, 'target.json');
+      writeFileSync(target, '{"version":1,"hints":[]}');
+      symlinkSync(target, join(dir, 'link'));
+      execFileSync('mkfifo', [join(dir, 'pipe')]);
+      // loadHints alone, as if the path had changed after FrontDoor's own check of it.
+      assert.throws(() => loadHints(join(dir, 'link')), (err: Error) => err instanceof ConfigError && /: not a regular file but a symbolic link \(name the file itself\)$/.test(err.message));
+      assert.throws(() => loadHints(join(dir, 'pipe')), (err: Error) => err instanceof ConfigError && /: not a regular file; the front door reads, removes and replaces it$/.test(err.message));
+      assert.deepEqual(loadHints(target), []);
+      assert.deepEqual(readdirSync(dir).sort(), ['link', 'pipe', 'target.json'], 'nothing set aside');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

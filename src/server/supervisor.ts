@@ -9,7 +9,7 @@
 import type { AffinitySettings } from '../affinity/tickets.js';
 import { EventEmitter } from 'node:events';
 import { Buffer } from 'node:buffer';
-import { accessSync, closeSync, constants, fsyncSync, lstatSync, openSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, type Stats } from 'node:fs';
+import { accessSync, closeSync, constants, fstatSync, fsyncSync, lstatSync, openSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, type Stats } from 'node:fs';
 import { dirname } from 'node:path';
 import { createServer } from 'node:net';
 import { performance } from 'node:perf_hooks';
@@ -1259,9 +1259,21 @@ function bindOnce(host: string, port: number): Promise<number> {
 export function loadHints(file: string): SavedHint[] {
   let text: string;
   try {
-    text = readFileSync(file, 'utf8');
+    // Opened as what checkHintsPath saw, whatever came in its place since: a symbolic link is
+    // not followed (ELOOP) and a pipe does not block the start (O_NONBLOCK); fstat says what was
+    // opened.
+    const fd = openSync(file, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+    try {
+      if (!fstatSync(fd).isFile()) throw new ConfigError(`hints file ${file}: not a regular file; the front door reads, removes and replaces it`);
+      text = readFileSync(fd, 'utf8');
+    } finally {
+      closeSync(fd);
+    }
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+    if (err instanceof ConfigError) throw err;
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return [];
+    if (code === 'ELOOP') throw new ConfigError(`hints file ${file}: not a regular file but a symbolic link (name the file itself)`);
     throw new ConfigError(`hints file ${file}: ${(err as Error).message}`);
   }
   let parsed: { version?: unknown; hints?: unknown };
