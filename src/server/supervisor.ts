@@ -1259,9 +1259,9 @@ function bindOnce(host: string, port: number): Promise<number> {
 export function loadHints(file: string): SavedHint[] {
   let text: string;
   try {
-    // Opened as what checkHintsPath saw, whatever came in its place since: a symbolic link is
-    // not followed (ELOOP) and a pipe does not block the start (O_NONBLOCK); fstat says what was
-    // opened.
+    // Whatever is at the path now (it may have changed since checkHintsPath looked): a symbolic
+    // link is not followed (ELOOP), a pipe does not block the start (O_NONBLOCK), and fstat says
+    // whether what was opened is a regular file.
     const fd = openSync(file, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
     try {
       if (!fstatSync(fd).isFile()) throw new ConfigError(`hints file ${file}: not a regular file; the front door reads, removes and replaces it`);
