@@ -976,7 +976,7 @@ export class H1Pool {
       queueMicrotask(() => handler.onError(new H1Error(H1Codes.POOL_CLOSED, 'pool closed', true)));
       return p;
     }
-    if (resendable && this.pipelining > 1 && coarseNow >= this.pipeliningPausedUntil) {
+    if (resendable && this.pipelining > 1 && !this.pipeliningPaused) {
       const open = this.turnConn;
       if (open !== null && !open.closed && open.inFlight < this.pipelining) {
         open.follow(p);
