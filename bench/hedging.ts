@@ -3,18 +3,21 @@
  * independently stalls 50 ms with probability 2%. Lakefront with no hedging, a fixed 10 ms
  * hedge, and its own-p95 hedge, each under the same open-loop load, interleaved.
  *
- *   node dist/bench/hedging.js [--quick] [--repeats 5] [--seconds 15] [--rate 2000] [--pacer timer|worker]
+ *   node dist/bench/hedging.js [--quick] [--repeats 5] [--seconds 15] [--rate 2000] [--pacer timer|worker|native]
  *
  * Reports client-side p50/p99/p99.9 (microseconds, HDR) and extra upstream requests: requests
  * the nodes received (counted by the bench upstream itself) beyond the client requests Lakefront
- * answered (its /stats). `--pacer worker`: the load generator's schedule kept by a worker thread's
- * timed waits instead of a millisecond timer (bench/lib/openloop.ts); each run's line shows how
- * late requests left against the schedule (in their latency either way).
+ * answered (its /stats). The load comes from a C generator by default (`--pacer native`,
+ * bench/native/openloop.c, built with the machine's `cc`: requests leave within tens of
+ * microseconds of their schedule); without a C compiler, from Node with a millisecond timer (said in
+ * one line). `--pacer timer` asks for that one (every figure before the twenty-fifth session),
+ * `--pacer worker` for Node with a worker thread's timed waits (bench/lib/openloop.ts). Each run's
+ * line shows how late requests left against the schedule (in their latency either way).
  */
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { startLakefront, startUpstream, type Contender, type Upstream } from './lib/contenders.js';
-import { openLoop, spreadBoards, type OpenLoopResult, type Pacer } from './lib/openloop.js';
+import { nativeGenerator, openLoop, spreadBoards, type OpenLoopResult, type Pacer } from './lib/openloop.js';
 import { ROOT, pause } from './lib/procs.js';
 import { fmt, machine, median, spread, table, updateSection, writeResult } from './lib/report.js';
 
@@ -29,7 +32,7 @@ const { values } = parseArgs({
     'no-write': { type: 'boolean', default: false },
     /** Extra Lakefront flags for every mode, e.g. "--hedge-budget-percent 5". */
     extra: { type: 'string', default: '' },
-    pacer: { type: 'string', default: 'timer' },
+    pacer: { type: 'string' },
   },
 });
 const quick = values.quick!;
@@ -40,8 +43,19 @@ const seconds = Number(values.seconds ?? process.env.BENCH_SECONDS ?? (quick ? 5
 const rate = Number(values.rate ?? 2000);
 const stallMs = Number(values['stall-ms']);
 const stallP = Number(values['stall-p']);
-const pacer = values.pacer as Pacer;
-if (pacer !== 'worker' && pacer !== 'timer') throw new Error(`--pacer: worker or timer, not ${values.pacer}`);
+const pacer = (values.pacer ?? defaultPacer()) as Pacer;
+if (pacer !== 'worker' && pacer !== 'timer' && pacer !== 'native') throw new Error(`--pacer: timer, worker or native, not ${values.pacer}`);
+
+/** The native generator where it can be built, else Node's timer (said, not silent). */
+function defaultPacer(): Pacer {
+  try {
+    nativeGenerator();
+    return 'native';
+  } catch (error) {
+    process.stdout.write(`hedging: the native load generator is not there (${(error as Error).message}); Node's timer paces the load instead\n`);
+    return 'timer';
+  }
+}
 
 interface Stats {
   requests: number;
@@ -147,9 +161,12 @@ function report(rows: Record<string, Row[]>): void {
   }
   const command = `node dist/bench/hedging.js ${process.argv.slice(2).join(' ')}`.trim();
   const all = Object.values(rows).flat();
+  const late = `requests left ${fmt(median(all.map((r) => r.lateP50)))} us late at the median, ${fmt(median(all.map((r) => r.lateP99)))} at p99 (medians over runs), and that is in their latency`;
   const pacing =
-    pacer === 'worker'
-      ? `the schedule kept by a worker thread's timed waits (\`--pacer worker\`); requests left ${fmt(median(all.map((r) => r.lateP50)))} us late at the median, ${fmt(median(all.map((r) => r.lateP99)))} at p99 (medians over runs), and that is in their latency`
+    pacer === 'native'
+      ? `the load from a C generator (\`--pacer native\`, bench/native/openloop.c: an epoll loop, a timerfd at each due time); ${late}`
+      : pacer === 'worker'
+      ? `the schedule kept by a worker thread's timed waits (\`--pacer worker\`); ${late}`
       : `the schedule kept by a 1 ms timer; requests left ${fmt(median(all.map((r) => r.lateP50)))} us late at the median, ${fmt(median(all.map((r) => r.lateP99)))} at p99, and that is in their latency`;
   const body = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,

@@ -10,7 +10,9 @@
 // TAIL_FRONT_OUT=1 prints what the front wrote (its GC trace, say) after the figures;
 // TAIL_TIMELINE=MS prints, for each MS-millisecond stretch of the measured run that had one, how
 // many requests took over 5 ms and the slowest (when the slow ones came: together, or spread);
-// TAIL_PACER=worker keeps the load's schedule with a worker thread's timed waits, not a 1 ms timer
+// TAIL_PACER: the load generator, `native` by default (bench/native/openloop.c, built with cc:
+// requests leave within tens of microseconds of their schedule), `timer` for Node's 1 ms timer (the
+// figures before the twenty-fifth session), `worker` for Node with a worker thread's timed waits
 // (bench/lib/openloop.ts).
 import { spawn } from 'node:child_process';
 
@@ -40,7 +42,7 @@ try {
     url = found.startsWith('http') ? found : `http://127.0.0.1:${found}`;
   } else if (mode !== 'direct') throw new Error(`mode: direct, lakefront or floor, not ${mode}`);
   const boards = spreadBoards();
-  const load = (secs, onLatency) => openLoop(url, { rate: 2000, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length] }), onLatency, pacer: process.env.TAIL_PACER ?? 'timer' });
+  const load = (secs, onLatency) => openLoop(url, { rate: 2000, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length] }), onLatency, pacer: process.env.TAIL_PACER ?? 'native' });
   await load(2);
   const stretchMs = Number(process.env.TAIL_TIMELINE ?? 0);
   const stretches = new Map();

@@ -9,23 +9,35 @@
  * of any setup whose slow answers came back sooner (hedging).
  *
  * Keeping the schedule: a Node timer counts whole milliseconds, so a `setTimeout(tick, 1)` loop
- * (the `timer` pacer, the default) sends in bursts a millisecond or more apart, each request up
- * to a tick late, and that lateness is in every latency it reports (measured: 0.58 ms at the
- * median, 1.2 ms at p99, at 2,000 req/s on an idle two-vCPU machine). The `worker` pacer keeps the
- * schedule closer: a worker thread sleeps to each due time with `Atomics.wait` (a condition
- * variable's timed wait, finer than a millisecond) and wakes this thread with a message, which
- * sends every request due by then (0.14 ms late at the median, 0.5-0.7 at p99 when idle). It
- * takes the p50 through Lakefront from about 1.2 to 0.5 ms but not the p99 (a second thread to
- * wake for each request, on two vCPUs shared with the system measured: bench/RESULTS.md,
- * "Twenty-fourth session"), so the timer stays the default and the benches' figures comparable
- * with earlier ones. Either way the lateness is counted (the latency runs from the due time) and
- * reported on its own (`lateP50Us`, `lateP99Us`).
+ * (the `timer` pacer, this function's default) sends in bursts a millisecond or more apart, each
+ * request up to a tick late, and that lateness is in every latency it reports (measured: 0.58 ms
+ * at the median, 1.2 ms at p99, at 2,000 req/s on an idle two-vCPU machine). The `worker` pacer
+ * keeps the schedule closer: a worker thread sleeps to each due time with `Atomics.wait` (a
+ * condition variable's timed wait, finer than a millisecond) and wakes this thread with a
+ * message, which sends every request due by then (0.14 ms late at the median, 0.5-0.7 at p99 when
+ * idle). It takes the p50 through Lakefront from about 1.2 to 0.5 ms but not the p99 (a second
+ * thread to wake for each request, on two vCPUs: bench/RESULTS.md, "Twenty-fourth session").
+ * The `native` pacer is a whole generator in C (bench/native/openloop.c, wrk2's idea): one
+ * thread, an epoll loop, a timerfd armed at each due time, the requests' bytes written out
+ * beforehand, so requests leave 70-80 us late at the median and the generator spends a few
+ * microseconds of CPU a request where undici's `request` spends tens. Straight to a bench node at
+ * 2,000 req/s it measures p50 0.12-0.14 ms and p99 0.3-0.6 ms where the timer pacer, in the same
+ * minutes, measures 0.87-1.03 and 2.0-2.9 ms: most of what the Node pacers reported was the
+ * generator's own time. The hedging
+ * bench and bench/tail-probe.mjs use it by default (twenty-fifth session on). Whichever paces,
+ * the lateness is counted (the latency runs from the due time) and reported on its own
+ * (`lateP50Us`, `lateP99Us`).
  */
+import { execFile, execFileSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import hdr from 'hdr-histogram-js';
 import { Pool } from 'undici';
+import { ROOT } from './procs.js';
 
-export type Pacer = 'worker' | 'timer';
+export type Pacer = 'worker' | 'timer' | 'native';
 
 export interface OpenLoopOptions {
   readonly rate: number;
@@ -75,6 +87,7 @@ for (let i = 0; i < total; i++) {
 const clock = (): number => performance.timeOrigin + performance.now();
 
 export async function openLoop(url: string, options: OpenLoopOptions): Promise<OpenLoopResult> {
+  if (options.pacer === 'native') return nativeOpenLoop(url, options);
   const pool = new Pool(url, { connections: options.connections ?? 256, pipelining: 1 });
   const histogram = hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 120_000_000, numberOfSignificantValueDigits: 3 });
   const total = Math.round(options.rate * options.seconds);
@@ -141,6 +154,94 @@ export async function openLoop(url: string, options: OpenLoopOptions): Promise<O
     lateP50Us: late.getValueAtPercentile(50),
     lateP99Us: late.getValueAtPercentile(99),
   };
+}
+
+const NATIVE_SOURCE = join(ROOT, 'bench', 'native', 'openloop.c');
+const NATIVE_BINARY = join(ROOT, 'dist', 'bench', 'native', 'openloop');
+
+/**
+ * The native generator's binary (bench/native/openloop.c), compiled with the system's `cc` when
+ * missing or older than its source. Throws one line saying what to install when there is no `cc`.
+ */
+export function nativeGenerator(): string {
+  const built = statSync(NATIVE_BINARY, { throwIfNoEntry: false });
+  if (built !== undefined && built.mtimeMs >= statSync(NATIVE_SOURCE).mtimeMs) return NATIVE_BINARY;
+  mkdirSync(join(ROOT, 'dist', 'bench', 'native'), { recursive: true });
+  // Built beside it and renamed over it: a run starting meanwhile never finds half a binary.
+  const building = `${NATIVE_BINARY}.${process.pid}`;
+  try {
+    execFileSync('cc', ['-O2', '-Wall', '-o', building, NATIVE_SOURCE], { stdio: ['ignore', 'ignore', 'pipe'] });
+    renameSync(building, NATIVE_BINARY);
+  } catch (error) {
+    rmSync(building, { force: true });
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') throw new Error('the native pacer needs a C compiler as cc (apt-get install gcc)');
+    throw new Error(`cc could not build ${NATIVE_SOURCE}: ${String((error as { stderr?: Buffer }).stderr ?? error)}`);
+  }
+  return NATIVE_BINARY;
+}
+
+/**
+ * The `native` pacer: the whole generator is a C program (bench/native/openloop.c), one thread
+ * with an epoll loop and a timerfd armed at each due time, so requests leave within microseconds
+ * of their schedule and the generator's own CPU a request is a few microseconds, not undici's
+ * tens. The requests' bytes are written out here first (one HTTP/1.1 request each, `host` and any
+ * body's `content-length` added); its answers must carry a content-length.
+ */
+async function nativeOpenLoop(url: string, options: OpenLoopOptions): Promise<OpenLoopResult> {
+  const binary = nativeGenerator();
+  const target = new URL(url);
+  if (target.protocol !== 'http:' || target.hostname !== '127.0.0.1') throw new Error(`the native pacer takes http://127.0.0.1:PORT, not ${url}`);
+  const total = Math.round(options.rate * options.seconds);
+  const method = options.method ?? 'GET';
+  const body = options.body === undefined ? null : Buffer.from(options.body);
+  const parts: Buffer[] = [Buffer.alloc(4)];
+  parts[0]!.writeUInt32LE(total);
+  for (let i = 0; i < total; i++) {
+    let head = `${method} ${options.path} HTTP/1.1\r\nhost: ${target.host}\r\n`;
+    for (const [name, value] of Object.entries(options.headers(i))) head += `${name}: ${value}\r\n`;
+    if (body !== null) head += `content-length: ${body.length}\r\n`;
+    const request = body === null ? Buffer.from(`${head}\r\n`) : Buffer.concat([Buffer.from(`${head}\r\n`), body]);
+    const length = Buffer.alloc(4);
+    length.writeUInt32LE(request.length);
+    parts.push(length, request);
+  }
+  const dir = mkdtempSync(join(tmpdir(), 'lakefront-openloop-'));
+  try {
+    const file = join(dir, 'requests');
+    writeFileSync(file, Buffer.concat(parts));
+    const connections = options.connections ?? 256;
+    const stdout = await new Promise<string>((resolve, reject) => {
+      execFile(binary, [target.hostname, target.port, String(options.rate), String(options.seconds), String(connections), file], { maxBuffer: 64 * 1024 * 1024 }, (error, out, err) => {
+        if (error) reject(new Error(`native generator: ${err.trim() || error.message}`));
+        else resolve(out);
+      });
+    });
+    const histogram = hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 120_000_000, numberOfSignificantValueDigits: 3 });
+    const late = hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 120_000_000, numberOfSignificantValueDigits: 2 });
+    const lines = stdout.split('\n');
+    const done = lines[total]?.split(' ');
+    if (done?.[0] !== 'done') throw new Error(`native generator: ${total} requests asked, its report ends otherwise`);
+    for (let i = 0; i < total; i++) {
+      const [due, us, lateUs] = lines[i]!.split(' ').map(Number) as [number, number, number, number];
+      histogram.recordValue(Math.max(1, us));
+      late.recordValue(Math.max(1, lateUs));
+      options.onLatency?.(due / 1000, Math.max(1, us));
+    }
+    return {
+      sent: Number(done[1]),
+      ok: Number(done[2]),
+      failed: Number(done[3]),
+      p50Us: histogram.getValueAtPercentile(50),
+      p99Us: histogram.getValueAtPercentile(99),
+      p999Us: histogram.getValueAtPercentile(99.9),
+      maxUs: histogram.maxValue,
+      lateP50Us: late.getValueAtPercentile(50),
+      lateP99Us: late.getValueAtPercentile(99),
+    };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 /** The hedging bench's boards: 1,024 keys spread over the ranking (bench/hedging.ts, bench/tail-probe.mjs). */
