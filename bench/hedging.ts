@@ -61,6 +61,7 @@ interface Stats {
   requests: number;
   hedges: number;
   hedgeWins: number;
+  hedgesDenied: number;
 }
 
 async function stats(c: Contender): Promise<Stats> {
@@ -81,6 +82,8 @@ interface Row {
   extraPct: number;
   hedgedPct: number;
   hedgeWinPct: number;
+  /** Requests that came due for a hedge and got none (the budget), in % of those served. */
+  deniedPct: number;
   rps: number;
   lateP50: number;
   lateP99: number;
@@ -121,13 +124,14 @@ async function main(): Promise<void> {
           extraPct: (extra / served) * 100,
           hedgedPct: ((after.hedges - before.hedges) / served) * 100,
           hedgeWinPct: ((after.hedgeWins - before.hedgeWins) / served) * 100,
+          deniedPct: ((after.hedgesDenied - before.hedgesDenied) / served) * 100,
           rps: result.ok / seconds,
           lateP50: result.lateP50Us,
           lateP99: result.lateP99Us,
         };
         (rows[name] ??= []).push(row);
         process.stdout.write(
-          `${name.padEnd(18)} run ${r + 1}/${repeats}: p50 ${fmt(row.p50)} us  p99 ${fmt(row.p99)} us  p99.9 ${fmt(row.p999)} us  extra ${fmt(row.extraPct, 2)}%  hedged ${fmt(row.hedgedPct, 2)}%  won ${fmt(row.hedgeWinPct, 2)}%  ${fmt(row.rps)} req/s  failed ${result.failed}  sent late p50 ${fmt(row.lateP50)} us p99 ${fmt(row.lateP99)} us\n`,
+          `${name.padEnd(18)} run ${r + 1}/${repeats}: p50 ${fmt(row.p50)} us  p99 ${fmt(row.p99)} us  p99.9 ${fmt(row.p999)} us  extra ${fmt(row.extraPct, 2)}%  hedged ${fmt(row.hedgedPct, 2)}%  won ${fmt(row.hedgeWinPct, 2)}%  denied ${fmt(row.deniedPct, 2)}%  ${fmt(row.rps)} req/s  failed ${result.failed}  sent late p50 ${fmt(row.lateP50)} us p99 ${fmt(row.lateP99)} us\n`,
         );
       }
     }
