@@ -89,14 +89,13 @@ const clock = (): number => performance.timeOrigin + performance.now();
 export async function openLoop(url: string, options: OpenLoopOptions): Promise<OpenLoopResult> {
   if (options.pacer === 'native') return nativeOpenLoop(url, options);
   const pool = new Pool(url, { connections: options.connections ?? 256, pipelining: 1 });
-  const histogram = hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 120_000_000, numberOfSignificantValueDigits: 3 });
+  const { histogram, late } = histograms();
   const total = Math.round(options.rate * options.seconds);
   const intervalMs = 1000 / options.rate;
   let sent = 0;
   let ok = 0;
   let failed = 0;
   let settled = 0;
-  const late = hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 120_000_000, numberOfSignificantValueDigits: 2 });
   const pacer = options.pacer ?? 'timer';
   // The worker pacer's first due time is far enough ahead for its thread to have started.
   const start = clock() + (pacer === 'worker' ? 250 : 0);
@@ -143,6 +142,18 @@ export async function openLoop(url: string, options: OpenLoopOptions): Promise<O
   });
   await (worker as Worker | null)?.terminate();
   await pool.close();
+  return summary(sent, ok, failed, histogram, late);
+}
+
+/** Latencies (microseconds, three digits) and lateness (two digits), up to two minutes. */
+function histograms(): { histogram: hdr.Histogram; late: hdr.Histogram } {
+  return {
+    histogram: hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 120_000_000, numberOfSignificantValueDigits: 3 }),
+    late: hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 120_000_000, numberOfSignificantValueDigits: 2 }),
+  };
+}
+
+function summary(sent: number, ok: number, failed: number, histogram: hdr.Histogram, late: hdr.Histogram): OpenLoopResult {
   return {
     sent,
     ok,
@@ -217,8 +228,7 @@ async function nativeOpenLoop(url: string, options: OpenLoopOptions): Promise<Op
         else resolve(out);
       });
     });
-    const histogram = hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 120_000_000, numberOfSignificantValueDigits: 3 });
-    const late = hdr.build({ lowestDiscernibleValue: 1, highestTrackableValue: 120_000_000, numberOfSignificantValueDigits: 2 });
+    const { histogram, late } = histograms();
     const lines = stdout.split('\n');
     const done = lines[total]?.split(' ');
     if (done?.[0] !== 'done') throw new Error(`native generator: ${total} requests asked, its report ends otherwise`);
@@ -228,17 +238,7 @@ async function nativeOpenLoop(url: string, options: OpenLoopOptions): Promise<Op
       late.recordValue(Math.max(1, lateUs));
       options.onLatency?.(due / 1000, Math.max(1, us));
     }
-    return {
-      sent: Number(done[1]),
-      ok: Number(done[2]),
-      failed: Number(done[3]),
-      p50Us: histogram.getValueAtPercentile(50),
-      p99Us: histogram.getValueAtPercentile(99),
-      p999Us: histogram.getValueAtPercentile(99.9),
-      maxUs: histogram.maxValue,
-      lateP50Us: late.getValueAtPercentile(50),
-      lateP99Us: late.getValueAtPercentile(99),
-    };
+    return summary(Number(done[1]), Number(done[2]), Number(done[3]), histogram, late);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
