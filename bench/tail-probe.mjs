@@ -10,11 +10,31 @@
 // TAIL_FRONT_OUT=1 prints what the front wrote (its GC trace, say) after the figures;
 // TAIL_TIMELINE=MS prints, for each MS-millisecond stretch of the measured run that had one, how
 // many requests took over 5 ms and the slowest (when the slow ones came: together, or spread);
+// TAIL_THREADS=1 prints the front's threads over the measured run: CPU, time waiting to run, and
+// context switches (/proc/PID/task);
 // TAIL_PACER: the load generator, `native` by default (bench/native/openloop.c, built with cc:
 // requests leave within tens of microseconds of their schedule), `timer` for Node's 1 ms timer (the
 // figures before the twenty-fifth session), `worker` for Node with a worker thread's timed waits
 // (bench/lib/openloop.ts).
 import { spawn } from 'node:child_process';
+import { readFileSync, readdirSync } from 'node:fs';
+
+/** Each thread of a process: its name, CPU and run-queue wait (schedstat), context switches. */
+function threadStats(pid) {
+  const threads = new Map();
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      const dir = `/proc/${pid}/task/${tid}`;
+      const [cpuNs, waitNs] = readFileSync(`${dir}/schedstat`, 'utf8').split(' ').map(Number);
+      const status = readFileSync(`${dir}/status`, 'utf8');
+      const field = (name) => Number(status.match(new RegExp(`^${name}:\\s+(\\d+)`, 'm'))?.[1] ?? 0);
+      threads.set(tid, { name: readFileSync(`${dir}/comm`, 'utf8').trim(), cpuNs, waitNs, voluntary: field('voluntary_ctxt_switches'), involuntary: field('nonvoluntary_ctxt_switches') });
+    } catch {
+      // A thread that ended meanwhile.
+    }
+  }
+  return threads;
+}
 
 const [mode = 'lakefront', seconds = '10', stallP = '0.02', ...flags] = process.argv.slice(2);
 const { startUpstream } = await import('../dist/bench/lib/contenders.js');
@@ -44,6 +64,7 @@ try {
   const boards = spreadBoards();
   const load = (secs, onLatency) => openLoop(url, { rate: 2000, seconds: secs, path: '/rpc/query.execute', headers: (i) => ({ 'x-lakefront-board': boards[i % boards.length] }), onLatency, pacer: process.env.TAIL_PACER ?? 'native' });
   await load(2);
+  const threadsBefore = front !== null && process.env.TAIL_THREADS === '1' ? threadStats(front.pid) : null;
   const stretchMs = Number(process.env.TAIL_TIMELINE ?? 0);
   const stretches = new Map();
   const result = await load(
@@ -60,6 +81,14 @@ try {
       : undefined,
   );
   console.log(`${mode} ${flags.join(' ')}, stalls ${stallP}: client p50 ${result.p50Us} us, p99 ${result.p99Us} us, p99.9 ${result.p999Us} us (sent late: p50 ${result.lateP50Us} us, p99 ${result.lateP99Us} us)`);
+  if (threadsBefore !== null) {
+    const after = threadStats(front.pid);
+    const rows = [...after.entries()].map(([tid, a]) => {
+      const b = threadsBefore.get(tid) ?? { name: a.name, cpuNs: 0, voluntary: 0, involuntary: 0, waitNs: 0 };
+      return `${a.name} ${tid}: cpu ${((a.cpuNs - b.cpuNs) / 1e6).toFixed(1)} ms, run-queue wait ${((a.waitNs - b.waitNs) / 1e6).toFixed(1)} ms, switches ${a.voluntary - b.voluntary} voluntary ${a.involuntary - b.involuntary} involuntary`;
+    });
+    console.log(`  the front's threads over the measured run (${result.sent} requests):\n    ${rows.join('\n    ')}`);
+  }
   if (mode === 'lakefront') {
     const stats = await (await fetch(`${url}/stats`)).json();
     for (const [id, node] of Object.entries(stats.nodes)) console.log(`  ${id}: ${JSON.stringify(node.latencyUs)}`);
