@@ -5,6 +5,7 @@
  * Built with the machine's `cc`, against real servers on port 0.
  */
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -151,6 +152,108 @@ describe('native open-loop generator', () => {
     try {
       await assert.rejects(openLoop(url, { rate: 100, seconds: 0.05, path: '/', headers: () => ({}), pacer: 'native' }), /chunked answer/);
     } finally {
+      await stop(server);
+    }
+  });
+
+  it('counts each answer that says connection: close once, and goes on with new connections', { timeout: 10_000 }, async () => {
+    let seen = 0;
+    const { server, url } = await serve((req, res) => {
+      seen++;
+      // The first answer late, so the others overlap it.
+      setTimeout(() => {
+        res.writeHead(200, { 'content-length': 2, connection: 'close' });
+        res.end('ok');
+      }, req.headers['x-i'] === '0' ? 20 : 5);
+    });
+    try {
+      const latencies: number[] = [];
+      const result = await openLoop(url, { rate: 1000, seconds: 0.05, path: '/', headers: (i) => ({ 'x-i': String(i) }), pacer: 'native', onLatency: (_due, us) => latencies.push(us) });
+      assert.deepEqual([result.sent, result.ok, result.failed, seen], [50, 50, 0, 50]);
+      // Every latency is an answer's (the server waits 5 ms), none a request never answered (0).
+      assert.ok(Math.min(...latencies) >= 1000, `smallest latency ${Math.min(...latencies)} us`);
+    } finally {
+      await stop(server);
+    }
+  });
+
+  it('sends the requests waiting for a connection when that connection dies', { timeout: 10_000 }, async () => {
+    // One connection; request 0's is dropped after 30 ms while requests 1-19 wait for it.
+    const { server, url } = await serve((req, res) => {
+      if (req.headers['x-i'] === '0') setTimeout(() => req.socket.destroy(), 30);
+      else answer(res, 200, 'ok');
+    });
+    try {
+      const result = await openLoop(url, { rate: 1000, seconds: 0.02, path: '/', headers: (i) => ({ 'x-i': String(i) }), connections: 1, pacer: 'native' });
+      assert.deepEqual([result.sent, result.ok, result.failed], [20, 19, 1]);
+    } finally {
+      await stop(server);
+    }
+  });
+
+  it('skips interim 1xx answers (103 Early Hints, 100 Continue) and counts the final one', { timeout: 10_000 }, async () => {
+    const { server, url } = await serve((req, res) => {
+      if (req.headers.expect === undefined) res.writeEarlyHints({ link: '</a.css>; rel=preload; as=style' });
+      setTimeout(() => answer(res, 200, 'ok'), 2);
+    });
+    try {
+      const hints = await openLoop(url, { rate: 500, seconds: 0.1, path: '/', headers: () => ({}), pacer: 'native' });
+      assert.deepEqual([hints.ok, hints.failed], [50, 0]);
+      const continued = await openLoop(url, { rate: 500, seconds: 0.1, method: 'POST', body: 'x', path: '/', headers: () => ({ expect: '100-continue' }), pacer: 'native' });
+      assert.deepEqual([continued.ok, continued.failed], [50, 0]);
+    } finally {
+      await stop(server);
+    }
+  });
+
+  it('fails a request whose connection is reset mid-upload, without dying of SIGPIPE', { timeout: 20_000 }, async () => {
+    // A server (its own process, so its resets come while the generator is still writing) that
+    // half-closes then resets after the first bytes of each 4 MB request: the generator's next
+    // write fails with EPIPE, and raises SIGPIPE unless that is ignored.
+    const server = spawn(process.execPath, ['-e', `
+      const server = require('node:net').createServer((socket) => {
+        socket.on('error', () => {});
+        socket.once('data', () => { socket.pause(); socket.end(() => socket.resetAndDestroy()); });
+      });
+      server.listen(0, '127.0.0.1', () => console.log(server.address().port));`], { stdio: ['ignore', 'pipe', 'inherit'] });
+    try {
+      const [port] = (await once(server.stdout!, 'data')) as [Buffer];
+      const url = `http://127.0.0.1:${Number(port.toString())}`;
+      const result = await openLoop(url, { rate: 100, seconds: 0.1, method: 'POST', body: 'x'.repeat(4 << 20), path: '/', headers: () => ({}), pacer: 'native' });
+      assert.deepEqual([result.sent, result.ok, result.failed], [10, 0, 10]);
+    } finally {
+      server.kill();
+    }
+  });
+
+  it('counts a connection refused during the run as a failed request', { timeout: 10_000 }, async () => {
+    // Request 2 closes the server and its connection: the ones after it find no server.
+    const { server, url } = await serve((req, res) => {
+      if (req.headers['x-i'] === '2') {
+        server.close();
+        req.socket.destroy();
+      } else answer(res, 200, 'ok');
+    });
+    try {
+      const result = await openLoop(url, { rate: 200, seconds: 0.05, path: '/', headers: (i) => ({ 'x-i': String(i) }), connections: 1, pacer: 'native' });
+      assert.deepEqual([result.sent, result.ok, result.failed], [10, 2, 8]);
+    } finally {
+      server.closeAllConnections();
+    }
+  });
+
+  it('fails a request never answered once the drain deadline passes, instead of waiting forever', { timeout: 10_000 }, async () => {
+    const { server, url } = await serve((req, res) => {
+      if (req.headers['x-i'] !== '3') answer(res, 200, 'ok');
+    });
+    process.env.OPENLOOP_DRAIN_MS = '300';
+    try {
+      const byDue: number[] = [];
+      const result = await openLoop(url, { rate: 100, seconds: 0.1, path: '/', headers: (i) => ({ 'x-i': String(i) }), pacer: 'native', onLatency: (_due, us) => byDue.push(us) });
+      assert.deepEqual([result.sent, result.ok, result.failed], [10, 9, 1]);
+      assert.ok(byDue[3]! >= 300_000, `the unanswered one's latency ${byDue[3]} us`);
+    } finally {
+      delete process.env.OPENLOOP_DRAIN_MS;
       await stop(server);
     }
   });

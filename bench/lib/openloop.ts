@@ -223,8 +223,8 @@ async function nativeOpenLoop(url: string, options: OpenLoopOptions): Promise<Op
     writeFileSync(file, Buffer.concat(parts));
     const connections = options.connections ?? 256;
     const stdout = await new Promise<string>((resolve, reject) => {
-      execFile(binary, [target.hostname, target.port, String(options.rate), String(options.seconds), String(connections), file], { maxBuffer: 64 * 1024 * 1024 }, (error, out, err) => {
-        if (error) reject(new Error(`native generator: ${err.trim() || error.message}`));
+      execFile(binary, [target.hostname, target.port || '80', String(options.rate), String(options.seconds), String(connections), file], { maxBuffer: 64 * 1024 * 1024 }, (error, out, err) => {
+        if (error) reject(new Error(`native generator: ${err.trim() || (error.signal ? `killed by ${error.signal}` : error.message)}`));
         else resolve(out);
       });
     });

@@ -14,15 +14,21 @@
  * each a uint32 length and that many bytes (one whole HTTP/1.1 request). Answers must carry a
  * content-length (no chunked bodies: refused with an error). One thread, one epoll loop.
  *
+ * Interim 1xx answers are skipped; answers to HEAD and 204/304 answers have no body. An answer
+ * that says `connection: close`, has bytes after it, or comes before its request was all written
+ * ends its connection. Requests waiting for a connection take new ones when others die.
+ *
  * Prints one line a request, in order: "due_us latency_us late_us ok" (ok: 1 for a 2xx answer,
- * 0 for another status or a failed connection), then "done SENT OK FAILED". Errors on stderr,
- * exit 2 for bad arguments, 1 for anything else.
+ * 0 for another status, a failed or refused connection, or no answer 30 s, or OPENLOOP_DRAIN_MS,
+ * after the last due time), then "done SENT OK FAILED". Errors on stderr, exit 2 for bad
+ * arguments, 1 for anything else (a refused connection before the schedule starts among them).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +43,9 @@
 
 #define BUF_BYTES (256 * 1024)
 #define PREOPEN 16
+/* How long after the last due time answers still outstanding are waited for (then failed):
+   30 s, or OPENLOOP_DRAIN_MS. */
+static int64_t drain_ns = 30 * 1000000000LL;
 
 enum state { DEAD, CONNECTING, IDLE, BUSY };
 
@@ -70,6 +79,7 @@ static int64_t start_ns;
 static double interval_ns;
 static int ep;
 static struct sockaddr_in addr;
+static int started; /* the schedule has begun: a connection failing now fails its request */
 
 static void die(const char *what) {
   fprintf(stderr, "openloop: %s: %s\n", what, strerror(errno));
@@ -126,7 +136,7 @@ static void watch(int c, uint32_t events) {
 
 static void kill_conn(int c) {
   struct conn *k = &conns[c];
-  if (k->state == BUSY || (k->state == CONNECTING && k->req >= 0)) settle(k->req, 0);
+  if ((k->state == BUSY || k->state == CONNECTING) && k->req >= 0) settle(k->req, 0);
   epoll_ctl(ep, EPOLL_CTL_DEL, k->fd, NULL);
   close(k->fd);
   k->state = DEAD;
@@ -167,9 +177,29 @@ static void dispatch(long i) {
     conns[c].stacked = 0;
     if (conns[c].state == IDLE) { send_on(c, i); return; }
   }
-  int c = open_conn();
+  int c = qhead < qtail ? -1 : open_conn(); /* none jumps ahead of those already waiting */
   if (c >= 0) { send_on(c, i); return; }
   queue[qtail++] = i;
+}
+
+/* Queued requests onto new connections where some died (nothing else would send them). */
+static void drain_queue(void) {
+  while (qhead < qtail) {
+    int c = open_conn();
+    if (c < 0) return;
+    send_on(c, queue[qhead++]);
+  }
+}
+
+/* Past the drain deadline: whatever is still waiting fails. */
+static void give_up(void) {
+  for (int c = 0; c < nconns; c++)
+    if (conns[c].state == BUSY || (conns[c].state == CONNECTING && conns[c].req >= 0)) kill_conn(c);
+  while (qhead < qtail) {
+    long i = queue[qhead++];
+    late_ns[i] = now_ns() - due_ns(i);
+    settle(i, 0);
+  }
 }
 
 static void released(int c) {
@@ -202,6 +232,12 @@ static const char *header(const char *head, const char *end, const char *name, s
   return NULL;
 }
 
+/* An answer with no body whatever its content-length: to a HEAD, or a 204 or 304. */
+static int bodiless(long i, int status) {
+  const struct req *r = &reqs[i % nreqs];
+  return status == 204 || status == 304 || (r->len >= 5 && memcmp(r->bytes, "HEAD ", 5) == 0);
+}
+
 static void readable(int c) {
   struct conn *k = &conns[c];
   for (;;) {
@@ -215,18 +251,28 @@ static void readable(int c) {
     }
     if (k->state != BUSY) { kill_conn(c); return; } /* bytes nobody asked for */
     k->have += (size_t)n;
+  parse:;
     char *end_head = memmem(k->buf, k->have, "\r\n\r\n", 4);
     if (end_head == NULL) continue;
     size_t head_len = (size_t)(end_head - k->buf) + 4;
+    int status = head_len > 12 ? atoi(k->buf + 9) : 0;
+    if (status >= 100 && status < 200 && status != 101) {
+      /* An interim answer (100 Continue, 103 Early Hints): the final one follows. */
+      memmove(k->buf, k->buf + head_len, k->have - head_len);
+      k->have -= head_len;
+      goto parse;
+    }
     size_t vlen;
     const char *te = header(k->buf, end_head, "transfer-encoding", &vlen);
     if (te != NULL) { errno = ENOTSUP; die("a chunked answer (only content-length is read)"); }
     const char *cl = header(k->buf, end_head, "content-length", &vlen);
-    size_t body = cl == NULL ? 0 : strtoul(cl, NULL, 10);
+    size_t body = cl == NULL || bodiless(k->req, status) ? 0 : strtoul(cl, NULL, 10);
     if (k->have < head_len + body) continue;
-    int status = k->have > 12 ? atoi(k->buf + 9) : 0;
     const char *conn_hdr = header(k->buf, end_head, "connection", &vlen);
     int closing = conn_hdr != NULL && vlen == 5 && strncasecmp(conn_hdr, "close", 5) == 0;
+    /* Bytes past the answer, or an answer before the whole request left: the connection's
+       framing is lost, so it is not used again. */
+    if (k->have > head_len + body || k->written < reqs[k->req % nreqs].len) closing = 1;
     settle(k->req, status >= 200 && status < 300);
     k->req = -1;
     k->have = 0;
@@ -242,7 +288,11 @@ static void writable(int c) {
     int err = 0;
     socklen_t len = sizeof err;
     getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) { errno = err; die("connect"); }
+    if (err != 0) {
+      if (!started) { errno = err; die("connect"); }
+      kill_conn(c); /* its request failed; the next one due tries again */
+      return;
+    }
     if (k->req >= 0) { k->state = BUSY; flush(c); }
     else { watch(c, EPOLLIN | EPOLLRDHUP); released(c); }
     return;
@@ -293,6 +343,8 @@ int main(int argc, char **argv) {
   }
   if (nreqs == 0) { fprintf(stderr, "openloop: %s: no requests\n", argv[6]); return 2; }
 
+  const char *drain = getenv("OPENLOOP_DRAIN_MS");
+  if (drain != NULL && atof(drain) > 0) drain_ns = (int64_t)(atof(drain) * 1e6);
   total = (long)(rate * seconds + 0.5);
   interval_ns = 1e9 / rate;
   conns = calloc((size_t)maxconns, sizeof *conns);
@@ -304,6 +356,8 @@ int main(int argc, char **argv) {
   if (!conns || !idle || !queue || !lat_ns || !late_ns || !ok) die("calloc");
   /* The timer's wake-ups as asked, not gathered into the default 50 us of slack. */
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  /* A write to a connection the server reset fails with EPIPE, not a signal that ends the run. */
+  signal(SIGPIPE, SIG_IGN);
   ep = epoll_create1(EPOLL_CLOEXEC);
   int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   if (ep < 0 || tfd < 0) die("epoll/timerfd");
@@ -325,19 +379,26 @@ int main(int argc, char **argv) {
     }
   }
   start_ns = now_ns() + 1000000;
+  started = 1;
   int armed = 0;
   while (settled < total) {
-    /* Everything due by now leaves; the timer is set for the next one. */
-    if (sent < total) {
-      int64_t now = now_ns();
-      while (sent < total && due_ns(sent) <= now) dispatch(sent++);
-      if (sent < total && !armed) {
-        int64_t next = due_ns(sent);
-        struct itimerspec its = {.it_value = {.tv_sec = next / 1000000000, .tv_nsec = next % 1000000000}};
-        if (timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, NULL) < 0) die("timerfd_settime");
-        armed = 1;
-      }
+    /* Everything due by now leaves; the timer is set for the next one, or, all sent, for the
+       drain deadline. */
+    int64_t now = now_ns();
+    while (sent < total && due_ns(sent) <= now) dispatch(sent++);
+    drain_queue();
+    if (sent == total && now >= due_ns(total - 1) + drain_ns) {
+      give_up();
+      break;
     }
+    if (!armed) {
+      int64_t next = sent < total ? due_ns(sent) : due_ns(total - 1) + drain_ns;
+      struct itimerspec its = {.it_value = {.tv_sec = next / 1000000000, .tv_nsec = next % 1000000000}};
+      if (timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, NULL) < 0) die("timerfd_settime");
+      armed = 1;
+    }
+    /* The last requests may have failed just now, as they left (a write to a reset connection). */
+    if (settled == total) break;
     int n = epoll_wait(ep, events, 64, -1);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -354,7 +415,7 @@ int main(int argc, char **argv) {
       if (conns[c].state == DEAD) continue;
       if (events[e].events & EPOLLOUT) writable((int)c);
       if (conns[c].state != DEAD && (events[e].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
-        if (conns[c].state == CONNECTING && (events[e].events & (EPOLLHUP | EPOLLERR))) { errno = ECONNREFUSED; die("connect"); }
+        if (conns[c].state == CONNECTING && (events[e].events & (EPOLLHUP | EPOLLERR))) { kill_conn((int)c); continue; }
         readable((int)c);
       }
     }
