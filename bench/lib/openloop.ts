@@ -19,8 +19,11 @@
  * thread to wake for each request, on two vCPUs: bench/RESULTS.md, "Twenty-fourth session").
  * The `native` pacer is a whole generator in C (bench/native/openloop.c, wrk2's idea): one
  * thread, an epoll loop, a timerfd armed at each due time, the requests' bytes written out
- * beforehand, so requests leave 70-80 us late at the median and the generator spends a few
- * microseconds of CPU a request where undici's `request` spends tens. Straight to a bench node at
+ * beforehand, so requests leave 70-80 us late at the median, and the generator spends about half
+ * the CPU a request the Node one does while the load runs (at 2,000 req/s to a bench node, 36-41
+ * us against 73-115, most of it the wake-ups a request costs at that rate; 10-17 us more before
+ * and after, writing the requests out and reading the report: `node bench/generator-cpu.mjs
+ * native|timer`). Straight to a bench node at
  * 2,000 req/s it measures p50 0.12-0.14 ms and p99 0.3-0.6 ms where the timer pacer, in the same
  * minutes, measures 0.87-1.03 and 2.0-2.9 ms: most of what the Node pacers reported was the
  * generator's own time. The hedging
@@ -195,9 +198,10 @@ export function nativeGenerator(): string {
 /**
  * The `native` pacer: the whole generator is a C program (bench/native/openloop.c), one thread
  * with an epoll loop and a timerfd armed at each due time, so requests leave tens of microseconds
- * after their due time (the timerfd's wake-up: 70-80 us at the median here) and the generator's
- * own CPU a request is a few microseconds, not undici's tens. The requests' bytes are written out here first (one HTTP/1.1 request each, `host` and any
- * body's `content-length` added); its answers must carry a content-length.
+ * after their due time (the timerfd's wake-up: 70-80 us at the median here), for about half the
+ * CPU a request of the Node generators (above). The requests' bytes are written out here first
+ * (one HTTP/1.1 request each, `host` and any body's `content-length` added); its answers must
+ * carry a content-length.
  */
 async function nativeOpenLoop(url: string, options: OpenLoopOptions): Promise<OpenLoopResult> {
   const binary = nativeGenerator();
