@@ -1,6 +1,6 @@
 /**
  * `npm run bench`: the whole suite, one part after another (throughput against the peers,
- * hedging under tail latency, thread tuning, memory with idle connections, WebSocket tunnels,
+ * latency at a steady rate against them (the full run only), hedging under tail latency, thread tuning, memory with idle connections, WebSocket tunnels,
  * replicated routes, reloads and ejection (these four in the full run only), seed 002 against a
  * real etcd cluster when etcd is installed). `npm run bench:quick`
  * passes --quick to each: a short version that finishes in about two minutes.
@@ -20,7 +20,7 @@ const parts: [string, string[]][] = quick
       ['memory.js', ['--quick']],
       ['etcd.js', ['--quick', '--mixes', '80/20', '--seconds', '1', '--no-failover']],
     ]
-  : [['suite.js', []], ['hedging.js', []], ['threads.js', []], ['memory.js', []], ['websocket.js', []], ['quorum.js', []], ['reload.js', []], ['ejection.js', []], ['etcd.js', []], ['etcd.js', ['--workers', '16', '--no-failover', '--section', 'etcd-3-w16']],
+  : [['suite.js', []], ['latency.js', []], ['hedging.js', []], ['threads.js', []], ['memory.js', []], ['websocket.js', []], ['quorum.js', []], ['reload.js', []], ['ejection.js', []], ['etcd.js', []], ['etcd.js', ['--workers', '16', '--no-failover', '--section', 'etcd-3-w16']],
       ['etcd.js', ['--members', '5', '--workers', '16', '--trials', '2', '--no-failover', '--section', 'etcd-5-w16']]];
 
 const started = Date.now();

@@ -19,7 +19,7 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { direct, startHaproxy, startLakefront, startFloorProxy, startNginx, startNodeProxy, startUpstream, type Contender, type Upstream } from './lib/contenders.js';
+import { startContender, startUpstream, type Contender } from './lib/contenders.js';
 import { WORKLOADS, hasWrk, runLoad, runWrk, warmUp, type LoadResult } from './lib/load.js';
 import { ROOT, pause, totalCpuSeconds } from './lib/procs.js';
 import { fmt, machine, median, spread, svgChart, table, updateSection, writeResult, type ChartGroup } from './lib/report.js';
@@ -58,20 +58,6 @@ const generator = values.generator ?? env.BENCH_GENERATOR ?? 'autocannon';
 if (generator !== 'autocannon' && generator !== 'wrk') throw new Error(`unknown generator ${generator}; known: autocannon, wrk`);
 
 for (const name of workloadNames) if (!WORKLOADS[name]) throw new Error(`unknown workload ${name}; known: ${Object.keys(WORKLOADS).join(', ')}`);
-
-async function startContender(name: string, upstream: Upstream): Promise<Contender | string> {
-  if (name === 'direct') return direct(upstream);
-  if (name === 'node-proxy') return startNodeProxy(upstream);
-  const m = name.match(/^(lakefront|lakefront-pipe|floor|floor-pipe|nginx|haproxy)-(\d+)[tw]$/);
-  if (!m) throw new Error(`unknown contender ${name}`);
-  const n = Number(m[2]);
-  if (m[1] === 'lakefront') return startLakefront(upstream, { threads: n });
-  if (m[1] === 'lakefront-pipe') return startLakefront(upstream, { threads: n, extraArgs: ['--upstream-pipelining', '8'], name });
-  if (m[1] === 'floor') return startFloorProxy(upstream, n);
-  if (m[1] === 'floor-pipe') return startFloorProxy(upstream, n, true);
-  if (m[1] === 'nginx') return startNginx(upstream, n);
-  return startHaproxy(upstream, n);
-}
 
 interface Sample extends LoadResult {
   readonly cpuUsPerRequest: number;

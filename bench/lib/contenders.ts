@@ -196,3 +196,23 @@ export async function startHaproxy(upstream: Upstream, threads: number): Promise
   const name = `haproxy-${threads}t`;
   return { name, url: `http://127.0.0.1:${port}`, proc: wrap(name, child, () => [child.pid!, ...childPids(child.pid!)], removeDir) };
 }
+
+/**
+ * A contender by the benches' name for it: `direct`, `node-proxy`, or a kind and a count of
+ * threads or workers: `lakefront-2t`, `lakefront-pipe-2t` (with `--upstream-pipelining 8`),
+ * `floor-2t`, `floor-pipe-2t`, `nginx-2w`, `haproxy-2t`. A string says why a peer is skipped
+ * (its binary is missing).
+ */
+export async function startContender(name: string, upstream: Upstream): Promise<Contender | string> {
+  if (name === 'direct') return direct(upstream);
+  if (name === 'node-proxy') return startNodeProxy(upstream);
+  const m = name.match(/^(lakefront|lakefront-pipe|floor|floor-pipe|nginx|haproxy)-(\d+)[tw]$/);
+  if (!m) throw new Error(`unknown contender ${name}`);
+  const n = Number(m[2]);
+  if (m[1] === 'lakefront') return startLakefront(upstream, { threads: n });
+  if (m[1] === 'lakefront-pipe') return startLakefront(upstream, { threads: n, extraArgs: ['--upstream-pipelining', '8'], name });
+  if (m[1] === 'floor') return startFloorProxy(upstream, n);
+  if (m[1] === 'floor-pipe') return startFloorProxy(upstream, n, true);
+  if (m[1] === 'nginx') return startNginx(upstream, n);
+  return startHaproxy(upstream, n);
+}

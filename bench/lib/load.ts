@@ -17,7 +17,7 @@ export interface Workload {
 }
 
 /** `{"row":"x…x"}`: 256 bytes. */
-const BODY_256 = JSON.stringify({ row: 'x'.repeat(256 - 10) });
+export const BODY_256 = JSON.stringify({ row: 'x'.repeat(256 - 10) });
 
 /**
  * Boards per workload. autocannon rebuilds a request on every send when it has a `setupRequest`
