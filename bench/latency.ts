@@ -20,7 +20,7 @@ import { parseArgs } from 'node:util';
 import { startContender, startUpstream, type Contender } from './lib/contenders.js';
 import { BODY_256 } from './lib/load.js';
 import { nativeGenerator, openLoop, spreadBoards, type OpenLoopResult, type Pacer } from './lib/openloop.js';
-import { ROOT, pause } from './lib/procs.js';
+import { ROOT, pause, totalCpuSeconds } from './lib/procs.js';
 import { fmt, machine, median, spread, table, updateSection, writeResult } from './lib/report.js';
 
 const { values } = parseArgs({
@@ -70,6 +70,11 @@ function defaultPacer(): Pacer {
 const pacer = (values.pacer ?? defaultPacer()) as Pacer;
 if (pacer !== 'worker' && pacer !== 'timer' && pacer !== 'native') throw new Error(`--pacer: native, timer or worker, not ${values.pacer}`);
 
+/** A run's latencies, and the contender's process CPU over the requests sent (NaN for `direct`). */
+interface Sample extends OpenLoopResult {
+  readonly cpuUsPerRequest: number;
+}
+
 async function main(): Promise<void> {
   const upstream = await startUpstream();
   const contenders: Contender[] = [];
@@ -93,7 +98,7 @@ async function main(): Promise<void> {
         headers: (i): Record<string, string> => (workload.body === undefined ? { 'x-lakefront-board': boards[i % boards.length]! } : { 'content-type': 'application/json', 'x-lakefront-board': boards[i % boards.length]! }),
         pacer,
       });
-    const results: Record<string, Record<string, OpenLoopResult[]>> = {};
+    const results: Record<string, Record<string, Sample[]>> = {};
     for (const workloadName of workloadNames) {
       const workload = WORKLOADS[workloadName]!;
       for (const rate of rates) {
@@ -104,10 +109,12 @@ async function main(): Promise<void> {
         for (let r = 0; r < repeats; r++) {
           for (const c of contenders) {
             await pause(300);
+            const cpuBefore = c.proc ? totalCpuSeconds(c.proc) : 0;
             const result = await load(c, workload, rate, seconds);
-            (results[key]![c.name] ??= []).push(result);
+            const cpuUsPerRequest = c.proc ? ((totalCpuSeconds(c.proc) - cpuBefore) * 1e6) / result.sent : Number.NaN;
+            (results[key]![c.name] ??= []).push({ ...result, cpuUsPerRequest });
             process.stdout.write(
-              `${key.padEnd(22)} ${c.name.padEnd(14)} run ${r + 1}/${repeats}: p50 ${fmt(result.p50Us)} us  p99 ${fmt(result.p99Us)} us  p99.9 ${fmt(result.p999Us)} us  failed ${result.failed}  sent late p50 ${fmt(result.lateP50Us)} us p99 ${fmt(result.lateP99Us)} us\n`,
+              `${key.padEnd(22)} ${c.name.padEnd(14)} run ${r + 1}/${repeats}: p50 ${fmt(result.p50Us)} us  p99 ${fmt(result.p99Us)} us  p99.9 ${fmt(result.p999Us)} us  cpu ${fmt(cpuUsPerRequest, 1)} us/req  failed ${result.failed}  sent late p50 ${fmt(result.lateP50Us)} us p99 ${fmt(result.lateP99Us)} us\n`,
             );
           }
         }
@@ -120,7 +127,7 @@ async function main(): Promise<void> {
   }
 }
 
-function report(results: Record<string, Record<string, OpenLoopResult[]>>, skipped: string[]): void {
+function report(results: Record<string, Record<string, Sample[]>>, skipped: string[]): void {
   const info = machine();
   const sections: string[] = [];
   for (const [key, byContender] of Object.entries(results)) {
@@ -140,16 +147,17 @@ function report(results: Record<string, Record<string, OpenLoopResult[]>>, skipp
         fmt(median(runs.map((r) => r.p999Us))),
         added(p50, baseP50),
         added(p99, baseP99),
+        name === 'direct' ? '-' : fmt(median(runs.map((r) => r.cpuUsPerRequest)), 1),
         String(runs.reduce((n, r) => n + r.failed, 0)),
       ];
     });
-    sections.push(`#### ${key}\n\n${table(['contender', 'p50 us (runs)', 'p99 us (runs)', 'p99.9 us', 'added at p50 us', 'added at p99 us', 'failed'], rows)}`);
+    sections.push(`#### ${key}\n\n${table(['contender', 'p50 us (runs)', 'p99 us (runs)', 'p99.9 us', 'added at p50 us', 'added at p99 us', 'CPU us/req', 'failed'], rows)}`);
   }
   const all = Object.values(results).flatMap((byContender) => Object.values(byContender).flat());
   const command = `node dist/bench/latency.js ${process.argv.slice(2).join(' ')}`.trim();
   const body = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
-    `Command: \`${command}\`. Open-loop load (fixed schedule, latency from each request's due time) from ${pacer === 'native' ? 'the C generator (bench/native/openloop.c)' : `Node (\`--pacer ${pacer}\`)`}: requests left ${fmt(median(all.map((r) => r.lateP50Us)))} us late at the median, ${fmt(median(all.map((r) => r.lateP99Us)))} at p99 (medians over runs), in their latency. Three upstream nodes, boards over 1,024 keys, ${seconds} s per run after a 2 s warm-up, ${repeats} interleaved repeats, medians (runs: min-max). Added: the contender's median less the upstream's own (\`direct\`).${skipped.length > 0 ? ` Skipped: ${skipped.join('; ')}.` : ''}`,
+    `Command: \`${command}\`. Open-loop load (fixed schedule, latency from each request's due time) from ${pacer === 'native' ? 'the C generator (bench/native/openloop.c)' : `Node (\`--pacer ${pacer}\`)`}: requests left ${fmt(median(all.map((r) => r.lateP50Us)))} us late at the median, ${fmt(median(all.map((r) => r.lateP99Us)))} at p99 (medians over runs), in their latency. Three upstream nodes, boards over 1,024 keys, ${seconds} s per run after a 2 s warm-up, ${repeats} interleaved repeats, medians (runs: min-max). Added: the contender's median less the upstream's own (\`direct\`). CPU us/req: the contender's process CPU (all threads, all processes) over the requests sent, at this rate.${skipped.length > 0 ? ` Skipped: ${skipped.join('; ')}.` : ''}`,
     '',
     sections.join('\n\n'),
   ].join('\n');
