@@ -17,7 +17,7 @@
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { startLakefront, startUpstream, type Contender, type Upstream } from './lib/contenders.js';
-import { nativeGenerator, openLoop, spreadBoards, type OpenLoopResult, type Pacer } from './lib/openloop.js';
+import { openLoop, pacerFor, spreadBoards, type OpenLoopResult } from './lib/openloop.js';
 import { ROOT, pause } from './lib/procs.js';
 import { fmt, machine, median, spread, table, updateSection, writeResult } from './lib/report.js';
 
@@ -43,19 +43,7 @@ const seconds = Number(values.seconds ?? process.env.BENCH_SECONDS ?? (quick ? 5
 const rate = Number(values.rate ?? 2000);
 const stallMs = Number(values['stall-ms']);
 const stallP = Number(values['stall-p']);
-const pacer = (values.pacer ?? defaultPacer()) as Pacer;
-if (pacer !== 'worker' && pacer !== 'timer' && pacer !== 'native') throw new Error(`--pacer: timer, worker or native, not ${values.pacer}`);
-
-/** The native generator where it can be built, else Node's timer (said, not silent). */
-function defaultPacer(): Pacer {
-  try {
-    nativeGenerator();
-    return 'native';
-  } catch (error) {
-    process.stdout.write(`hedging: the native load generator is not there (${(error as Error).message}); Node's timer paces the load instead\n`);
-    return 'timer';
-  }
-}
+const pacer = pacerFor(values.pacer, 'hedging');
 
 interface Stats {
   requests: number;

@@ -19,7 +19,7 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { startContender, startUpstream, type Contender } from './lib/contenders.js';
 import { BODY_256 } from './lib/load.js';
-import { nativeGenerator, openLoop, spreadBoards, type OpenLoopResult, type Pacer } from './lib/openloop.js';
+import { openLoop, pacerFor, spreadBoards, type OpenLoopResult } from './lib/openloop.js';
 import { ROOT, pause, totalCpuSeconds } from './lib/procs.js';
 import { fmt, machine, median, spread, table, updateSection, writeResult } from './lib/report.js';
 
@@ -58,17 +58,7 @@ const WORKLOADS: Record<string, Workload> = {
 const workloadNames = (values.workloads ?? 'get1k,post256').split(',');
 for (const name of workloadNames) if (!WORKLOADS[name]) throw new Error(`--workloads: ${Object.keys(WORKLOADS).join(', ')}, not ${name}`);
 
-function defaultPacer(): Pacer {
-  try {
-    nativeGenerator();
-    return 'native';
-  } catch (error) {
-    process.stdout.write(`latency: the native load generator is not there (${(error as Error).message}); Node's timer paces the load instead\n`);
-    return 'timer';
-  }
-}
-const pacer = (values.pacer ?? defaultPacer()) as Pacer;
-if (pacer !== 'worker' && pacer !== 'timer' && pacer !== 'native') throw new Error(`--pacer: native, timer or worker, not ${values.pacer}`);
+const pacer = pacerFor(values.pacer, 'latency');
 
 /** A run's latencies, and the contender's process CPU over the requests sent (NaN for `direct`). */
 interface Sample extends OpenLoopResult {

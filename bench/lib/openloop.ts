@@ -196,6 +196,24 @@ export function nativeGenerator(): string {
 }
 
 /**
+ * The pacer a bench was asked for (`--pacer`), checked; by default the native generator where it
+ * can be built, else Node's timer, said in a line (`bench` names who says it), not silently.
+ */
+export function pacerFor(asked: string | undefined, bench: string): Pacer {
+  if (asked === undefined) {
+    try {
+      nativeGenerator();
+      return 'native';
+    } catch (error) {
+      process.stdout.write(`${bench}: the native load generator is not there (${(error as Error).message}); Node's timer paces the load instead\n`);
+      return 'timer';
+    }
+  }
+  if (asked !== 'native' && asked !== 'timer' && asked !== 'worker') throw new Error(`--pacer: native, timer or worker, not ${asked}`);
+  return asked;
+}
+
+/**
  * The `native` pacer: the whole generator is a C program (bench/native/openloop.c), one thread
  * with an epoll loop and a timerfd armed at each due time, so requests leave tens of microseconds
  * after their due time (the timerfd's wake-up: 70-80 us at the median here), for about half the
