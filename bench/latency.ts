@@ -48,12 +48,13 @@ interface Workload {
   readonly method: 'GET' | 'POST';
   readonly path: string;
   readonly body?: string;
-  readonly description: string;
 }
 
 const WORKLOADS: Record<string, Workload> = {
-  get1k: { method: 'GET', path: '/rpc/query.execute?bytes=1024', description: 'GET 1 KiB' },
-  post256: { method: 'POST', path: '/rpc/board.append', body: BODY_256, description: 'POST 256 B (bare writes)' },
+  /** GET 1 KiB, a read (retryable). */
+  get1k: { method: 'GET', path: '/rpc/query.execute?bytes=1024' },
+  /** POST 256 B, a bare write (sent once). */
+  post256: { method: 'POST', path: '/rpc/board.append', body: BODY_256 },
 };
 const workloadNames = (values.workloads ?? 'get1k,post256').split(',');
 for (const name of workloadNames) if (!WORKLOADS[name]) throw new Error(`--workloads: ${Object.keys(WORKLOADS).join(', ')}, not ${name}`);
