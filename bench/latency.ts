@@ -17,7 +17,7 @@
  */
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { startContender, startUpstream, type Contender } from './lib/contenders.js';
+import { startContenders, startUpstream, type Contender } from './lib/contenders.js';
 import { BODY_256 } from './lib/load.js';
 import { openLoop, pacerFor, spreadBoards, type OpenLoopResult } from './lib/openloop.js';
 import { ROOT, pause, totalCpuSeconds } from './lib/procs.js';
@@ -72,13 +72,7 @@ async function main(): Promise<void> {
   const skipped: string[] = [];
   const boards = spreadBoards();
   try {
-    for (const name of contenderNames) {
-      const started = await startContender(name, upstream);
-      if (typeof started === 'string') {
-        process.stdout.write(`skip ${name}: ${started}\n`);
-        skipped.push(`${name}: ${started}`);
-      } else contenders.push(started);
-    }
+    await startContenders(contenderNames, upstream, contenders, skipped);
     const load = (c: Contender, workload: Workload, rate: number, secs: number): Promise<OpenLoopResult> =>
       openLoop(c.url, {
         rate,

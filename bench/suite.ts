@@ -19,7 +19,7 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { startContender, startUpstream, type Contender } from './lib/contenders.js';
+import { startContenders, startUpstream, type Contender } from './lib/contenders.js';
 import { WORKLOADS, hasWrk, runLoad, runWrk, warmUp, type LoadResult } from './lib/load.js';
 import { ROOT, pause, totalCpuSeconds } from './lib/procs.js';
 import { fmt, machine, median, spread, svgChart, table, updateSection, writeResult, type ChartGroup } from './lib/report.js';
@@ -69,13 +69,7 @@ async function main(): Promise<void> {
   const contenders: Contender[] = [];
   const skipped: string[] = [];
   try {
-    for (const name of contenderNames) {
-      const started = await startContender(name, upstream);
-      if (typeof started === 'string') {
-        process.stdout.write(`skip ${name}: ${started}\n`);
-        skipped.push(`${name}: ${started}`);
-      } else contenders.push(started);
-    }
+    await startContenders(contenderNames, upstream, contenders, skipped);
     const results: Record<string, Record<string, Sample[]>> = {};
     if (prewarm > 0) {
       for (const c of contenders) for (const workloadName of workloadNames) await warmUp(c.url, WORKLOADS[workloadName]!, 64, prewarm);

@@ -216,3 +216,17 @@ export async function startContender(name: string, upstream: Upstream): Promise<
   if (m[1] === 'nginx') return startNginx(upstream, n);
   return startHaproxy(upstream, n);
 }
+
+/**
+ * Starts each named contender into `contenders` (so a caller's cleanup stops those started when a
+ * later one throws); one whose binary is missing is said in a line and put in `skipped` instead.
+ */
+export async function startContenders(names: readonly string[], upstream: Upstream, contenders: Contender[], skipped: string[]): Promise<void> {
+  for (const name of names) {
+    const started = await startContender(name, upstream);
+    if (typeof started === 'string') {
+      process.stdout.write(`skip ${name}: ${started}\n`);
+      skipped.push(`${name}: ${started}`);
+    } else contenders.push(started);
+  }
+}
