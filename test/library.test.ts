@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
 import { after, before, describe, it } from 'node:test';
 import * as contract from 'lakefront/contract';
-import { IDEMPOTENT_HEADER, IDEMPOTENT_PROCEDURES, Membership, Router, isIdempotentPath, isRetryable } from 'lakefront/router';
+import { IDEMPOTENT_HEADER, IDEMPOTENT_PROCEDURES, LatencyWindow, Membership, Router, isIdempotentPath, isRetryable } from 'lakefront/router';
 import { startNodes, type FakeNode } from './fixtures/fake-node.js';
 
 describe('contract', () => {
@@ -200,5 +200,73 @@ describe('Router (in process, over fetch)', () => {
     for (let i = 0; i < 8; i++) await router.forward('lib-latency', '/rpc/query.execute', '{}');
     assert.equal(router.latency.count(native!.id), Math.min(128, before + 8));
     assert.ok(router.latency.percentile(native!.id, 95)! > 0);
+  });
+});
+
+describe('bad input to the library: refused with a clear error, nothing changed', () => {
+  let nodes: FakeNode[];
+  before(async () => {
+    nodes = await startNodes('v-a');
+  });
+  after(async () => Promise.all(nodes.map((n) => n.stop())));
+
+  it('Router refuses delays a Node timer cannot take (it would fire after 1 ms), 0 as a timeout, and options of the wrong type', () => {
+    const membership = new Membership({ members: [{ id: 'a', url: 'http://127.0.0.1:9' }] });
+    assert.throws(() => new Router({ membership, requestTimeoutMs: 2 ** 31 }), /^RangeError: requestTimeoutMs must be a number of milliseconds in \[1, 2147483647\], got 2147483648$/);
+    assert.throws(() => new Router({ membership, requestTimeoutMs: 0 }), /requestTimeoutMs must be a number of milliseconds in \[1, /);
+    assert.throws(() => new Router({ membership, hedgeDelayMs: 2 ** 31 }), /hedgeDelayMs must be a number of milliseconds in \[0, 2147483647\], got 2147483648/);
+    assert.throws(() => new Router({ membership, hedgeDelayMs: Infinity }), /hedgeDelayMs .* got Infinity/);
+    assert.throws(() => new Router({ membership, hedgeAfterPercentile: '95' as unknown as number }), /hedgeAfterPercentile must be in \(0, 100\], got 95/);
+    assert.throws(() => new Router({} as unknown as { membership: Membership }), /^TypeError: membership must be a Membership$/);
+    assert.throws(() => new Router({ membership, fetch: 42 as unknown as typeof fetch }), /^TypeError: fetch must be a function, got number$/);
+    assert.equal(new Router({ membership, requestTimeoutMs: 2 ** 31 - 1, hedgeDelayMs: 0 }).requestTimeoutMs, 2 ** 31 - 1);
+  });
+
+  it('forward() refuses a path that does not start with "/" (it would name another host) and arguments of the wrong type, counting and sending nothing', async () => {
+    const urls: string[] = [];
+    const stub = (async (url: string | URL | Request) => {
+      urls.push(String(url));
+      return new Response('{}');
+    }) as typeof fetch;
+    const router = new Router({ membership: new Membership({ members: [{ id: 'a', url: 'http://node-a.internal' }], fetch: stub }), fetch: stub });
+    const bad: [unknown[], RegExp][] = [
+      [['b', '.attacker.example/rpc/query.execute', '{}', undefined, 'Bearer s3cret'], /^TypeError: path must be a string starting with "\/", got "\.attacker\.example\/rpc\/query\.execute"$/],
+      [['b', ':8080/rpc/x', '{}'], /path must be a string starting with "\/"/],
+      [['b', 42, '{}'], /path must be a string starting with "\/", got number/],
+      [[42, '/rpc/x', '{}'], /boardId must be a string, got number/],
+      [['b', '/rpc/x', { a: 1 }], /body must be a string, got object/],
+      // A header's value passed on as it came ("0") is not a yes: a bare write is never hedged by mistake.
+      [['b', '/rpc/board.append', '{}', '0'], /retryable must be a boolean, got string/],
+    ];
+    for (const [args, want] of bad) {
+      const call = (router.forward as (...a: unknown[]) => Promise<unknown>)(...args);
+      assert.ok(call instanceof Promise, 'a rejection, not a synchronous throw');
+      await assert.rejects(call, want);
+    }
+    assert.deepEqual(urls, []);
+    assert.equal(router.counters.requests, 0);
+    const ok = await router.forward('b', '/rpc/query.execute', '{}');
+    assert.equal(ok.status, 200);
+    assert.deepEqual(urls, ['http://node-a.internal/rpc/query.execute']);
+  });
+
+  it('Membership refuses a poll interval or probe deadline a Node timer cannot take, and probes with a fractional deadline', async () => {
+    const members = [{ id: nodes[0]!.id, url: nodes[0]!.url }];
+    assert.throws(() => new Membership({ members, intervalMs: 5e9 }), /^ConfigError: intervalMs: must be a positive number of milliseconds, at most 2147483647, got 5000000000$/);
+    assert.throws(() => new Membership({ members, timeoutMs: 2 ** 31 }), /timeoutMs: must be a positive number of milliseconds, at most 2147483647/);
+    // AbortSignal.timeout throws on a fraction: every probe failed, every member went unhealthy.
+    const membership = new Membership({ members, timeoutMs: 250.5 });
+    nodes[0]!.healthy = true;
+    membership.markUnhealthy(nodes[0]!.id);
+    await membership.probeOnce();
+    assert.deepEqual(membership.healthyIds(), [nodes[0]!.id]);
+  });
+
+  it('LatencyWindow takes no Infinity sample (a hedge trigger of Infinity fires after 1 ms)', () => {
+    const window = new LatencyWindow();
+    for (let i = 0; i < 8; i++) window.record('n', 5);
+    window.record('n', Infinity);
+    assert.equal(window.count('n'), 8);
+    assert.equal(window.percentile('n', 100), 5);
   });
 });

@@ -41,7 +41,8 @@ export class SampleWindow {
   private topCount = 0;
 
   record(ms: number): void {
-    if (!(ms >= 0)) return;
+    // Not a duration: negative, NaN, or Infinity (a trigger of Infinity fires a timer after 1 ms).
+    if (!(ms >= 0 && ms < Infinity)) return;
     const slot = this.next;
     // The slot's old sample leaves the ring (and the list, if it was in it).
     if (this.inTop[slot] === 1) this.dropTop(slot);

@@ -170,7 +170,8 @@ export class Membership extends EventEmitter {
     super();
     this.members = validateMembers(options.members);
     this.intervalMs = positive(options.intervalMs, DEFAULT_HEALTH_INTERVAL_MS, 'intervalMs');
-    this.timeoutMs = positive(options.timeoutMs, DEFAULT_HEALTH_TIMEOUT_MS, 'timeoutMs');
+    // Whole milliseconds: AbortSignal.timeout throws on a fraction, and every probe would fail.
+    this.timeoutMs = Math.ceil(positive(options.timeoutMs, DEFAULT_HEALTH_TIMEOUT_MS, 'timeoutMs'));
     this.healthPath = options.healthPath ?? '/health';
     this.fetchImpl = options.fetch ?? null;
     // Members start healthy: a front door that has not probed yet should try, and failover
@@ -384,8 +385,11 @@ export class Membership extends EventEmitter {
   }
 }
 
+/** The longest delay a Node timer takes: a longer one fires after 1 ms (a poll loop then spins). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 function positive(value: number | undefined, fallback: number, name: string): number {
   if (value === undefined) return fallback;
-  if (!Number.isFinite(value) || value <= 0) throw new ConfigError(`${name}: must be a positive number, got ${value}`);
+  if (typeof value !== 'number' || !(value > 0 && value <= MAX_TIMER_MS)) throw new ConfigError(`${name}: must be a positive number of milliseconds, at most ${MAX_TIMER_MS}, got ${String(value)}`);
   return value;
 }

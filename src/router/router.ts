@@ -18,6 +18,11 @@ export const DEFAULT_HEDGE_DELAY_MS = 250;
 export const DEFAULT_HEDGE_PERCENTILE = 95;
 export const DEFAULT_REQUEST_TIMEOUT_MS = 10_000;
 export const DEFAULT_HEDGE_BUDGET_PERCENT = 5;
+/**
+ * The longest delay a Node timer takes: a longer one (or Infinity) fires after 1 ms, so a
+ * timeout or hedge delay past it would time out or hedge every request at once.
+ */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
 
 export interface RouterOptions {
   readonly membership: Membership;
@@ -81,16 +86,20 @@ export class Router {
   private readonly liveCounters: RouterCounters;
 
   constructor(options: RouterOptions, shared?: SharedCounters) {
+    // Checked here, not at the first forward(): a bad option fails the construction, naming it.
+    if (typeof options?.membership?.nodes !== 'function') throw new TypeError('membership must be a Membership');
+    if (options.fetch !== undefined && typeof options.fetch !== 'function') throw new TypeError(`fetch must be a function, got ${typeof options.fetch}`);
     this.membership = options.membership;
-    this.hedgeDelayMs = nonNegative(options.hedgeDelayMs, DEFAULT_HEDGE_DELAY_MS, 'hedgeDelayMs');
+    this.hedgeDelayMs = milliseconds(options.hedgeDelayMs, DEFAULT_HEDGE_DELAY_MS, 'hedgeDelayMs', 0);
     this.hedgeAfterPercentile = options.hedgeAfterPercentile ?? DEFAULT_HEDGE_PERCENTILE;
-    if (!(this.hedgeAfterPercentile > 0 && this.hedgeAfterPercentile <= 100)) {
-      throw new RangeError(`hedgeAfterPercentile must be in (0, 100], got ${this.hedgeAfterPercentile}`);
+    if (!(typeof this.hedgeAfterPercentile === 'number' && this.hedgeAfterPercentile > 0 && this.hedgeAfterPercentile <= 100)) {
+      throw new RangeError(`hedgeAfterPercentile must be in (0, 100], got ${String(this.hedgeAfterPercentile)}`);
     }
-    this.requestTimeoutMs = nonNegative(options.requestTimeoutMs, DEFAULT_REQUEST_TIMEOUT_MS, 'requestTimeoutMs');
+    // 0 would fail every attempt at once (route() and the command refuse it too).
+    this.requestTimeoutMs = milliseconds(options.requestTimeoutMs, DEFAULT_REQUEST_TIMEOUT_MS, 'requestTimeoutMs', 1);
     this.fetchImpl = options.fetch ?? globalThis.fetch;
     const budgetPercent = options.hedgeBudgetPercent ?? DEFAULT_HEDGE_BUDGET_PERCENT;
-    if (!(budgetPercent >= 0 && budgetPercent <= 100)) throw new RangeError(`hedgeBudgetPercent must be in [0, 100], got ${budgetPercent}`);
+    if (!(typeof budgetPercent === 'number' && budgetPercent >= 0 && budgetPercent <= 100)) throw new RangeError(`hedgeBudgetPercent must be in [0, 100], got ${String(budgetPercent)}`);
     this.budget = HedgeBudget.forSetting(budgetPercent);
     this.shared = shared;
     this.driver = this.makeDriver();
@@ -137,9 +146,22 @@ export class Router {
     boardId: string,
     path: string,
     body: string,
-    retryable: boolean = isIdempotentPath(path),
+    retryable?: boolean,
     authorization?: string,
   ): Promise<ForwardResult> {
+    // Refused before anything is counted or sent. A path is appended to the node's origin: one
+    // not starting with '/' would change the authority (`.evil.example/x` after
+    // `http://node-a` is another host, sent the authorization too).
+    const bad =
+      typeof boardId !== 'string' ? `boardId must be a string, got ${typeof boardId}`
+      : typeof path !== 'string' || path.charCodeAt(0) !== 0x2f ? `path must be a string starting with "/", got ${typeof path === 'string' ? JSON.stringify(path.slice(0, 64)) : typeof path}`
+      : typeof body !== 'string' ? `body must be a string, got ${typeof body}`
+      : retryable !== undefined && typeof retryable !== 'boolean' ? `retryable must be a boolean, got ${typeof retryable}`
+      : authorization !== undefined && typeof authorization !== 'string' ? `authorization must be a string, got ${typeof authorization}`
+      : null;
+    if (bad !== null) return Promise.reject(new TypeError(bad));
+    // Default (seed 001): whether the path names an idempotent procedure.
+    retryable ??= isIdempotentPath(path);
     const nodes = this.route(boardId);
     const headers: Record<string, string> = { 'content-type': 'application/json', [BOARD_HEADER]: boardId };
     if (authorization !== undefined) headers.authorization = authorization;
@@ -235,9 +257,10 @@ export class Router {
 
 }
 
-function nonNegative(value: number | undefined, fallback: number, name: string): number {
+/** A delay option in [min, MAX_TIMER_MS] milliseconds (a Node timer takes no longer one). */
+function milliseconds(value: number | undefined, fallback: number, name: string, min: number): number {
   if (value === undefined) return fallback;
-  if (!Number.isFinite(value) || value < 0) throw new RangeError(`${name} must be a non-negative number, got ${value}`);
+  if (typeof value !== 'number' || !(value >= min && value <= MAX_TIMER_MS)) throw new RangeError(`${name} must be a number of milliseconds in [${min}, ${MAX_TIMER_MS}], got ${String(value)}`);
   return value;
 }
 
