@@ -419,6 +419,23 @@ describe('lakefront command: running', () => {
     assert.doesNotMatch(output, ABORTED);
   });
 
+  it('a lone worker that crashes is replaced, after its backoff too, and one whose replacement cannot start yet is tried again', async () => {
+    // Before: the process ended (exit 13 here, 0 from the command) while the replacement waited
+    // on an unref'd timer with no thread running; and a replacement that could not start was
+    // never tried again.
+    const run = startFixture('lone-worker.js');
+    assert.deepEqual(await endOf(run), { code: 0, signal: null }, run.output());
+    const lines = run.output().split('\n').filter((l) => !l.startsWith('lakefront: worker 1 crashed') && !l.startsWith('    at '));
+    assert.deepEqual(lines.filter((l) => l !== ''), [
+      'replaced 1',
+      'replaced 2',
+      "replacement failed: ENOENT: no such file or directory, open '<dir>/access.log'",
+      'replaced 3',
+      'stopped',
+    ]);
+    assert.doesNotMatch(run.output(), ABORTED);
+  });
+
   it('closeNow closes every worker\'s sockets and ends them, so the process can exit cleanly', async () => {
     const run = startFixture('close-now.js');
     assert.deepEqual(await endOf(run), { code: 0, signal: null }, run.output());

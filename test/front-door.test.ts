@@ -1235,6 +1235,29 @@ describe('front door: workers', () => {
     const replies = await Promise.all(Array.from({ length: 20 }, (_, i) => rpc(server.url, 'query.execute', `after-${i}`, { fresh: true })));
     assert.ok(replies.every((r) => r.status === 200));
   });
+
+  it('a worker that dies answers its requests in flight first: 502 for a bare write sent, 503 for a read; nothing is sent again', async () => {
+    const held = await startNodes('crash-a');
+    held[0]!.behaviour = { kind: 'hang' };
+    const door = await FrontDoor.start(doorConfig(held, { hedgeDelayMs: 60_000 }));
+    try {
+      const url = door.url;
+      const write = rpc(url, 'board.append', 'crash-in-flight');
+      const read = rpc(url, 'query.execute', 'crash-in-flight');
+      while (held[0]!.hits('/rpc/') < 2) await once(held[0]!, 'request');
+      const replaced = once(door, 'worker-replaced');
+      door.crashWorker(1);
+      // Before: both connections were cut (ECONNRESET), the write's outcome left unsaid.
+      const [writeReply, readReply] = await Promise.all([write, read]);
+      assertFailure(writeReply, 502, 'LF_ERR_OUTCOME_UNKNOWN');
+      assertFailure(readReply, 503, 'LF_ERR_SHUTTING_DOWN');
+      await replaced;
+      assert.equal(held[0]!.hits('/rpc/board.append'), 1, 'the bare write was sent once');
+    } finally {
+      await door.stop();
+      await held[0]!.stop();
+    }
+  });
 });
 
 /** `bytes` ASCII characters that do not repeat with any short period (an offset error shows). */

@@ -172,7 +172,7 @@ describe('Membership probes', () => {
 
 describe('Membership probes: what passes', () => {
   it('a 2xx passes; a 3xx (not followed), a 4xx and a 5xx do not; a probe past its deadline fails; connections are kept between rounds', async () => {
-    const answers: Record<string, number> = { ok: 200, empty: 204, moved: 302, missing: 404, broken: 503, slow: 200 };
+    const answers: Record<string, number> = { ok: 200, empty: 204, moved: 302, missing: 404, broken: 503, slow: 200, stalled: 200 };
     const connections = new Set<string>();
     const servers = Object.entries(answers).map(([id, status]) =>
       createHttpServer((req, res) => {
@@ -182,6 +182,9 @@ describe('Membership probes: what passes', () => {
         if (req.url === '/elsewhere') return void res.writeHead(200).end('{}');
         // Never answers: the probe's deadline ends it (the connection is closed at the end).
         if (id === 'slow') return;
+        // A 2xx head, then a body that stops (a health check hung mid-answer): past the deadline
+        // too, so it fails (it passed: the deadline ended the body, and the status was taken).
+        if (id === 'stalled') return void res.writeHead(200, { 'content-length': '100' }).write('{');
         res.writeHead(status).end(status === 204 ? undefined : '{}');
       }),
     );

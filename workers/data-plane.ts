@@ -23,6 +23,12 @@ function die(err: unknown): never {
   const reason = err instanceof Error ? err.stack ?? err.message : String(err);
   process.stderr.write(`lakefront: worker ${init.slot} crashed: ${reason}\n`);
   try {
+    // Its clients are told (a bare write sent: 502 LF_ERR_OUTCOME_UNKNOWN), not just cut.
+    front?.answerUnfinished(true);
+  } catch {
+    // The sockets close all the same.
+  }
+  try {
     front?.emergencyClose();
   } finally {
     process.exit(70);

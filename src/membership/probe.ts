@@ -19,8 +19,12 @@ function dispatcher(): Agent {
 
 /** GET `url`; its status once the body is read (and dropped). Rejects on a network error or at `timeoutMs`. */
 export async function probeStatus(url: string, timeoutMs: number): Promise<number> {
-  const res = await request(url, { method: 'GET', dispatcher: dispatcher(), signal: AbortSignal.timeout(timeoutMs) });
-  await res.body.dump();
+  const signal = AbortSignal.timeout(timeoutMs);
+  const res = await request(url, { method: 'GET', dispatcher: dispatcher(), signal });
+  // The deadline covers the body too: `dump()` without the signal resolves when the deadline
+  // destroys the body, so a node that sent a 2xx head and stalled would pass. (The limit is
+  // undici's default: past it the connection is dropped, not read, and the status stands.)
+  await res.body.dump({ signal, limit: 128 * 1024 });
   return res.statusCode;
 }
 

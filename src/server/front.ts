@@ -821,14 +821,7 @@ export class WorkerFront implements TunnelHost {
       }
       store.close(keepHints);
     }
-    // Every request still unanswered gets an answer (503, or 502 for a bare write that may have
-    // been applied) before the connections close.
-    while (this.unfinished !== null) this.unfinished.shutDown();
-    // So does a /stats request still waiting for the control plane.
-    for (const { res, head, closes } of this.pendingStats.values()) {
-      replyJson(res, 503, errorBody('the front door shut down before the statistics arrived', ErrorCodes.SHUTTING_DOWN), true, null, head, closes);
-    }
-    this.pendingStats.clear();
+    this.answerUnfinished(false);
     this.closeApp();
     await Promise.all(this.runtimes.map((r) => r.close(false)));
     this.agent.close(true);
@@ -841,6 +834,37 @@ export class WorkerFront implements TunnelHost {
   /** Adds this thread's batched counts to the shared counters now. */
   flushCounters(): void {
     this.slot.flush();
+  }
+
+  /**
+   * Every request still unanswered gets what a drain's deadline gives it (503, or 502
+   * `LF_ERR_OUTCOME_UNKNOWN` for a bare write that may have been applied) before the connections
+   * close, and so does a `/stats` request waiting for the control plane. `crashing`: the thread's
+   * last word before `emergencyClose` (its clients are told, not just cut); the error it dies of
+   * may have left a request half answered, so one whose answer throws is skipped (cut with the rest).
+   */
+  answerUnfinished(crashing: boolean): void {
+    const requests: ProxyRequest[] = [];
+    for (let r = this.unfinished; r !== null; r = r.next) requests.push(r);
+    for (const request of requests) {
+      if (!crashing) request.shutDown();
+      else {
+        try {
+          request.shutDown();
+        } catch {
+          // Cut by emergencyClose.
+        }
+      }
+    }
+    const why = crashing ? "the front door's worker thread failed before the statistics arrived" : 'the front door shut down before the statistics arrived';
+    for (const { res, head, closes } of this.pendingStats.values()) {
+      try {
+        replyJson(res, 503, errorBody(why, ErrorCodes.SHUTTING_DOWN), true, null, head, closes);
+      } catch (err) {
+        if (!crashing) throw err;
+      }
+    }
+    this.pendingStats.clear();
   }
 
   /**

@@ -146,6 +146,8 @@ interface WorkerHandle {
   drained?: { readonly abandoned: number; readonly hints: number };
   /** Called when its drain has closed its listening socket (`unlistened`). */
   unlistened?: () => void;
+  /** Spawned to replace a worker that died (not at start, where a failure fails the start). */
+  readonly replacement: boolean;
 }
 
 interface Collection {
@@ -234,6 +236,8 @@ export class FrontDoor extends EventEmitter {
   private warmTimer: NodeJS.Timeout | null = null;
   /** When each node's last "kept in" line was written (one a node per `ejectMs`). */
   private readonly keptInSaidAt = new Map<number, number>();
+  /** Replacements waiting out their crash-loop backoff (cleared by a stop). */
+  private readonly respawns = new Set<NodeJS.Timeout>();
 
   private constructor(config: FrontDoorConfig) {
     super();
@@ -877,6 +881,8 @@ export class FrontDoor extends EventEmitter {
       for (let p = this.predecessor; p !== null; p = p.predecessor) p.closeTunnels();
       this.stopPolling();
     }
+    for (const timer of this.respawns) clearTimeout(timer);
+    this.respawns.clear();
     const deadlineMs = this.config.settings.drainTimeoutMs + STUCK_GRACE_MS;
     const stuck: number[] = [];
     const unlistened: Promise<void>[] = [];
@@ -1022,7 +1028,7 @@ export class FrontDoor extends EventEmitter {
     }
   }
 
-  private spawn(slot: number): Promise<void> {
+  private spawn(slot: number, replacement = false): Promise<void> {
     const init: WorkerInit = {
       slot,
       host: this.host,
@@ -1045,7 +1051,7 @@ export class FrontDoor extends EventEmitter {
     };
     const worker = new Worker(WORKER_URL, { workerData: init, stderr: false, stdout: false });
     const previous = this.workers.get(slot);
-    const handle: WorkerHandle = { slot, worker, deaths: previous?.deaths ?? [] };
+    const handle: WorkerHandle = { slot, worker, deaths: previous?.deaths ?? [], replacement };
     this.workers.set(slot, handle);
     return new Promise<void>((resolve, reject) => {
       let listening = false;
@@ -1096,19 +1102,26 @@ export class FrontDoor extends EventEmitter {
       return;
     }
     this.emit('worker-exit', handle.slot, code, lost);
-    if (code === EXIT_CONFIG) return; // it could not start at all: respawning would loop
+    // A worker of the start that could not start at all: the start fails (or retries) itself.
+    // A replacement that could not (its access log's directory gone for a while, its port taken
+    // while no sibling held it) is tried again, backing off: else the slot stays empty for good.
+    if (code === EXIT_CONFIG && !handle.replacement) return;
     const now = Date.now();
     handle.deaths = handle.deaths.filter((t) => now - t < 10_000);
     handle.deaths.push(now);
     // Crash-looping workers back off (0, 100, 200, 400 ... up to 5000 ms) instead of spinning.
     const delay = handle.deaths.length <= 1 ? 0 : Math.min(5_000, 100 * 2 ** (handle.deaths.length - 2));
-    setTimeout(() => {
+    // Not unref'd: while it waits, no worker thread may be running (one thread, or all of them
+    // crashed), and nothing else keeps the process alive: it would end, with exit code 0.
+    const timer = setTimeout(() => {
+      this.respawns.delete(timer);
       if (this.stopping) return;
-      this.spawn(handle.slot).then(
+      this.spawn(handle.slot, true).then(
         () => this.emit('worker-replaced', handle.slot),
         (err: Error) => this.emit('error', err),
       );
-    }, delay).unref();
+    }, delay);
+    this.respawns.add(timer);
   }
 
   private onWorkerMessage(handle: WorkerHandle, message: WorkerMessage): void {
