@@ -83,6 +83,15 @@ async function main(): Promise<void> {
     return;
   }
 
+  // A reload or log reopen asked while the front door starts (an init system's reload at once
+  // after its start) is kept, done once it serves: Node's default for SIGHUP would end the
+  // process, and for SIGUSR1 open the inspector.
+  const asked = new Set<'SIGHUP' | 'SIGUSR1'>();
+  const keepHup = (): void => void asked.add('SIGHUP');
+  const keepUsr1 = (): void => void asked.add('SIGUSR1');
+  process.on('SIGHUP', keepHup);
+  process.on('SIGUSR1', keepUsr1);
+
   let demo: DemoCluster | null = null;
   let config = command.config;
   if (command.demo) {
@@ -222,6 +231,8 @@ async function main(): Promise<void> {
   process.on('SIGUSR1', () => door.reopenAccessLog());
   process.on('SIGTERM', () => shutdown('SIGTERM'));
   process.on('SIGINT', () => shutdown('SIGINT'));
+  process.off('SIGHUP', keepHup);
+  process.off('SIGUSR1', keepUsr1);
   // Said once the signals are handled: whoever reads this line may signal at once.
   process.stdout.write(
     `lakefront: listening on ${listeningOn(door)} with ${door.threads} worker thread(s) over ${demo ? 'the embedded demo cluster: ' : ''}${over(config)}\n`,
@@ -232,6 +243,7 @@ async function main(): Promise<void> {
         `try: curl -s -X PUT -d 'hello' ${door.url}/kv/greeting -i; curl -s ${door.url}/kv/greeting   # replicated on three nodes\n`,
     );
   }
+  for (const signal of asked) process.emit(signal, signal);
 }
 
 main().catch((err: Error) => fail(err.stack ?? err.message, 1));

@@ -7,6 +7,7 @@ import { once } from 'node:events';
 import { lstatSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { createServer as createHttpServer, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
 import { createServer, type AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
@@ -277,6 +278,43 @@ describe('lakefront command: running', () => {
       assert.doesNotMatch(run.output(), ABORTED);
     } finally {
       run.child.kill('SIGKILL');
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a SIGHUP or SIGUSR1 that comes while the front door starts is done once it serves, not the end of the process', async () => {
+    // A node whose first health probe waits for the test: the start waits for it, with the signals
+    // in. Before: SIGHUP's default ended the process there.
+    const held: ServerResponse[] = [];
+    const node = createHttpServer((req, res) => {
+      if (req.url === '/health' && held.length === 0) held.push(res);
+      else res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+    });
+    node.listen(0, '127.0.0.1');
+    await once(node, 'listening');
+    const nodeUrl = `http://127.0.0.1:${(node.address() as AddressInfo).port}`;
+    const dir = mkdtempSync(join(tmpdir(), 'lf-early-'));
+    const file = join(dir, 'lf.json');
+    writeFileSync(file, JSON.stringify({ clusters: [{ name: 'boards', nodes: [{ id: 'early-a', url: nodeUrl }] }], routes: [{ path: '/rpc/*', cluster: 'boards', keyHeader: 'x-lakefront-board' }] }));
+    const run = start(['--config', file, '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000']);
+    try {
+      while (held.length === 0) await once(node, 'request');
+      run.child.kill('SIGUSR1');
+      run.child.kill('SIGHUP');
+      // The signals are pending in the process when kill returns; the start still has its worker
+      // threads to start after this answer.
+      held[0]!.writeHead(200).end('{}');
+      const [, url] = await waitForLine(run.child, /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+      await outputMatches(run, /lakefront: SIGHUP: reloaded \S+lf\.json: serving on \S+ with 1 worker thread\(s\) over early-a=/);
+      assert.equal((await rpc(url!, 'query.execute', 'after-early-hup')).status, 200);
+      run.child.kill('SIGTERM');
+      assert.equal(await exitOf(run), 0, run.output());
+      assert.doesNotMatch(run.output(), /Debugger listening/);
+      assert.doesNotMatch(run.output(), ABORTED);
+    } finally {
+      run.child.kill('SIGKILL');
+      node.closeAllConnections();
+      node.close();
       rmSync(dir, { recursive: true, force: true });
     }
   });
