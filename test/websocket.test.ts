@@ -477,6 +477,53 @@ describe('WebSocket tunnels', () => {
     }
   });
 
+  it('closes a client that is behind past --ws-backlog-bytes with 1013 after what waits for it, whole frames only', async () => {
+    // Messages may be larger than the backlog limit (1 MiB here): one such waits, and the message
+    // read with its end finds the limit passed.
+    const small = await frontOver(nodes, ['--ws-backlog-bytes', String(1024 * 1024), '--max-body-bytes', String(16 * 1024 * 1024)]);
+    try {
+      const [home] = await ranking(small.url, 'ws-board-behind');
+      const node = byId(home!);
+      const client = await rawTunnel(small.url, 'ws-board-behind');
+      try {
+        client.socket.pause();
+        const nodeClosed = nodeClose(node);
+        // One write of the node's: a 16 MiB binary message, then a short text one.
+        const big = Buffer.alloc(10 + 16 * 1024 * 1024, 1);
+        big[0] = 0x82;
+        big[1] = 127;
+        big.writeBigUInt64BE(BigInt(16 * 1024 * 1024), 2);
+        (node.sockets.at(-1) as unknown as { _socket: Socket })._socket.write(Buffer.concat([big, Buffer.from([0x81, 4]), Buffer.from('tiny')]));
+        assert.equal((await nodeClosed).code, 1013);
+        const ended = once(client.socket, 'end');
+        client.socket.resume();
+        const outcome = await Promise.race([ended.then(() => 'FIN'), new Promise((resolve) => setTimeout(resolve, 10_000, 'no FIN within 10 s'))]);
+        assert.equal(outcome, 'FIN');
+        // Every frame whole, the last one the close (1013).
+        let bytes = client.received();
+        let last = -1;
+        let code = 0;
+        while (bytes.length > 0) {
+          assert.ok(bytes.length >= 2, 'a frame cut short');
+          let length = bytes[1]! & 0x7f;
+          let head = 2;
+          if (length === 126) (length = bytes.readUInt16BE(2)), (head = 4);
+          else if (length === 127) (length = Number(bytes.readBigUInt64BE(2))), (head = 10);
+          assert.ok(bytes.length >= head + length, `a frame cut short: ${bytes.length - head} of its ${length} bytes came`);
+          last = bytes[0]! & 0x0f;
+          if (last === 0x8) code = bytes.readUInt16BE(head);
+          bytes = bytes.subarray(head + length);
+        }
+        assert.equal(last, 0x8, 'the close frame last');
+        assert.equal(code, 1013);
+      } finally {
+        client.socket.destroy();
+      }
+    } finally {
+      await small.stop();
+    }
+  });
+
   it('refuses a handshake without its key (401), and one uWS cannot take (400)', async () => {
     const answer = await refusal(track(connect(door.url, null)));
     assert.equal(answer.status, 401);

@@ -205,7 +205,10 @@ export class WebSocketTunnels {
       if (route.spec.quorum !== null) continue;
       app.ws<{ tunnel: Tunnel }>(route.spec.pattern, {
         maxPayloadLength: this.host.maxMessageBytes,
-        maxBackpressure: this.backlogLimit,
+        // No limit of uWS's own: past it uWS 20.30 drops the close frame too, and shuts the socket
+        // down at once (end() takes DROPPED for sent), cutting what waited mid-frame. The backlog
+        // limit is kept in `toClient`, so the 1013 goes out after what waits.
+        maxBackpressure: 0,
         upgrade: (res, req, context) => this.handshake(route, res, req, context),
         open: (ws) => this.opened(ws),
         message: (ws, message, isBinary) => this.fromClient(ws.getUserData().tunnel, message, isBinary),
@@ -556,7 +559,8 @@ export class WebSocketTunnels {
   private toClient(tunnel: Tunnel, data: Buffer, isBinary: boolean): void {
     if (tunnel.clientClosed) return;
     const client = tunnel.client!;
-    if (client.send(data, isBinary) === 2) {
+    // The limit is checked before the send, as uWS's own was: what waits, not this message.
+    if (client.getBufferedAmount() > this.backlogLimit || client.send(data, isBinary) === 2) {
       // Dropped (past the backlog limit): never lose a message silently.
       this.overloaded(tunnel);
       return;
