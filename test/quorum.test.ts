@@ -347,6 +347,25 @@ describe('hint store', () => {
   });
 });
 
+describe('hint store: hints taken over', () => {
+  it('expires a hint taken over (a reload, a hints file) at its own time, also behind one kept since with a later expiry', () => {
+    let now = 0;
+    const host = new Handoff();
+    const store = new HintStore(host, 2, 10_000, 1 << 20, () => now, 1e9);
+    try {
+      hold(store, 0, write('/kv/new')); // due at 10 s
+      assert.ok(store.adopt({ node: 0, key: '/kv/old', request: write('/kv/old'), expiresAt: Date.now() + 1_000 })); // due at about 1 s
+      now = 5_000;
+      store.deliver();
+      assert.deepEqual(host.events, ['stored', 'stored', 'expired'], 'the taken-over hint is 4 s past its window');
+      assert.equal(store.pending, 1);
+      assert.deepEqual(store.export().map((h) => h.key), ['/kv/new']);
+    } finally {
+      store.close();
+    }
+  });
+});
+
 describe('hints held, by replica and key, across threads (HeldHints)', () => {
   const ids = ['a', 'b', 'c', 'd'];
   const hashesOf = (list: readonly string[]) => HeldHints.nodeHashes(list.map((id) => ({ cluster: 0, id })), [{ name: 'store' }]);
@@ -536,6 +555,13 @@ class Cluster extends Handoff implements ReplicaHost {
   }
 }
 
+/** Header pairs in name order (their order on the wire does not matter here). */
+function sortPairs(headers: readonly string[]): string[][] {
+  const pairs: string[][] = [];
+  for (let i = 0; i < headers.length; i += 2) pairs.push([headers[i]!, headers[i + 1]!]);
+  return pairs.sort((x, y) => (x[0]! < y[0]! ? -1 : x[0]! > y[0]! ? 1 : 0));
+}
+
 class Owner implements ReplicatedOwner {
   calls: ReplicatedCall[] = [];
   replicated(call: ReplicatedCall): void {
@@ -703,6 +729,43 @@ describe('fan-out over a hand-driven cluster', () => {
     short.routable[1] = false;
     start(short, {}, 'GET', null);
     assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => short.sentTo(id)), [0, 0, 1, 1, 0]);
+  });
+
+  it('a strict route holding a hint for the key (a sloppy predecessor\'s, a hints file\'s) still asks past the replicas while it waits', () => {
+    // Replicas a, b, c; a write acknowledged by c and stand-ins d (for a) and e (for b) under a
+    // sloppy configuration; a reload made the route strict, and a's hint has not reached it yet.
+    const cluster = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    cluster.holdFor(0, '/kv/x');
+    const { owner } = start(cluster, { sloppy: false }, 'GET', null);
+    assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => cluster.sentTo(id)), [1, 1, 1, 1, 1], 'the stand-ins too');
+    cluster.answer('a', 404);
+    cluster.answer('b', 404);
+    assert.equal(owner.calls.length, 0, 'two stale replicas do not answer it');
+    cluster.answer('c', 404);
+    cluster.answer('d', 200, [['x-lakefront-version', '300']], 'acknowledged');
+    cluster.answer('e', 404);
+    assert.equal(owner.calls[0]!.body!.toString(), 'acknowledged');
+    // No hint waiting: a strict route reads its replicas only.
+    const calm = new Cluster(['a', 'b', 'c', 'd', 'e']);
+    start(calm, { sloppy: false }, 'GET', null);
+    assert.deepEqual(['a', 'b', 'c', 'd', 'e'].map((id) => calm.sentTo(id)), [1, 1, 1, 0, 0]);
+  });
+
+  it('a read repair on a route keyed by a header carries the key header (and only the reader\'s credentials besides)', () => {
+    const cluster = new Cluster(['a', 'b', 'c', 'd']);
+    const set = new ReplicaSet(cluster, QUORUM, 'x-key');
+    const owner = new Owner();
+    set.call(owner, 0, 'GET', '/obj', ['x-key', 'user-42', 'authorization', 'Bearer r', 'x-other', '1'], null).begin('user-42');
+    cluster.answer('a', 200, [['x-lakefront-version', '300'], ['content-type', 'text/plain']], 'new');
+    cluster.answer('b', 404);
+    cluster.answer('c', 200, [['x-lakefront-version', '100']], 'old');
+    assert.equal(owner.calls[0]!.body!.toString(), 'new');
+    const repairs = cluster.sent.filter((s) => s.request.method === 'PUT');
+    assert.deepEqual(repairs.map((s) => cluster.ids[s.node]).sort(), ['b', 'c']);
+    for (const repair of repairs) {
+      assert.equal(repair.request.path, '/obj');
+      assert.deepEqual(sortPairs(repair.request.headers), sortPairs(['x-lakefront-version', '300', 'content-type', 'text/plain', 'x-key', 'user-42', 'authorization', 'Bearer r']));
+    }
   });
 
   it('while a hint for the key waits for one of its replicas, a read asks every node past them and answers the newest once all have answered', () => {
@@ -1847,6 +1910,9 @@ describe('replicated route configuration', () => {
     const regionless = file({ quorum: { consistency: 'each_quorum' } });
     delete (regionless.clusters[0]!.nodes[0] as Record<string, unknown>).region;
     assert.throws(() => parseFileConfig(regionless, 'lf.json'), /quorum\.consistency: each_quorum needs regions, and no node of cluster "kv" has one/);
+    const aliased = file({ quorum: {} });
+    (aliased.clusters[0]!.nodes[2] as Record<string, unknown>).url = 'http://127.0.0.1:2';
+    assert.throws(() => parseFileConfig(aliased, 'lf.json'), /routes\[0\]\.quorum: nodes "b" and "c" of cluster "kv" have one URL \(http:\/\/127\.0\.0\.1:2\)/);
     refused({ quorum: { consistency: 'all' } }, /quorum\.consistency: unknown level "all"/);
     refused({ quorum: { consistency: 'each_quorum', w: 2 } }, /quorum\.w: applies to consistency "quorum" only/);
     refused({ quorum: { consistency: 'local_quorum' } }, /local_quorum needs the front door's own "region"/);

@@ -217,6 +217,15 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
     return v;
   };
   if (size === 0) fail(where, `cluster "${cluster.name}" has no node of weight above 0 to keep keys on (${drained} of weight 0)`);
+  // A key's replicas are n distinct nodes (seed 003): two ids for one URL are one store, whose
+  // acknowledgement would count twice toward w (and its answer twice toward r).
+  const byUrl = new Map<string, string>();
+  for (const m of cluster.members) {
+    if (m.weight === 0) continue;
+    const other = byUrl.get(m.url);
+    if (other !== undefined) fail(where, `nodes "${other}" and "${m.id}" of cluster "${cluster.name}" have one URL (${m.url}): a replicated route needs its replicas to be distinct nodes`);
+    byUrl.set(m.url, m.id);
+  }
   const n = whole('n', 1, 1_000) ?? Math.min(3, size);
   if (n > size) fail(`${where}.n`, `${n} replicas, and cluster "${cluster.name}" has ${size} node${size === 1 ? '' : 's'}${drained > 0 ? ` of weight above 0 (${drained} of weight 0 hold no keys)` : ''}`);
   const consistency = (value.consistency ?? 'quorum') as Consistency;

@@ -110,6 +110,8 @@ export class ReplicaSet {
   constructor(
     readonly host: ReplicaHost,
     readonly settings: QuorumSettings,
+    /** The route's key header (lower case), or null (keyed by path): read repairs carry it. */
+    readonly keyHeader: string | null = null,
   ) {
     this.hints = new HintStore(host, host.size, settings.hintWindowMs, settings.maxHintBytes);
     this.walk = Math.min(host.size, 2 * settings.n + 2);
@@ -248,8 +250,11 @@ export class ReplicatedCall implements AttemptSink {
         const node = this.list[i]!;
         if (!host.isRoutable(node) && (write || !this.requirement.possible)) this.standIn(node);
       }
-      if (!write && this.hintWaits()) this.askPastReplicas();
     }
+    // A hint waiting for one of the key's replicas is asked after whatever the route is now: a
+    // strict route holds the hints a sloppy predecessor (a reload) or a hints file handed it, and
+    // the write they carry may have been acknowledged by stand-ins only.
+    if (!write && this.hintWaits()) this.askPastReplicas();
     if (this.targets.length === 0 || !this.requirement.possible) {
       // Nothing is sent: give back what the stand-ins reserved.
       for (const reservation of this.reservations) if (reservation !== null) this.set.hints.release(reservation);
@@ -628,11 +633,20 @@ export class ReplicatedCall implements AttemptSink {
     const type = this.keptHeaders!.find('content-type');
     if (status === 200 && type !== null) headers.push('content-type', type);
     // A node that checks who writes checks repairs too: the reader's credentials go with them.
+    // On a route keyed by a header, the key is that header's value: the repair must name it, or
+    // a node keying its values by it cannot tell which key the value is for.
     const client = this.request.headers;
-    for (let i = 0; i < client.length; i += 2) {
-      if (client[i] === 'authorization') {
+    const keyHeader = this.set.keyHeader;
+    let auth = false;
+    let keyed = keyHeader === null;
+    for (let i = 0; i < client.length && !(auth && keyed); i += 2) {
+      const name = client[i]!;
+      if (!auth && name === 'authorization') {
         headers.push('authorization', client[i + 1]!);
-        break;
+        auth = true;
+      } else if (!keyed && name === keyHeader) {
+        headers.push(keyHeader, client[i + 1]!);
+        keyed = true;
       }
     }
     return status === 200 ? new UpstreamRequest('PUT', this.path, headers, this.keptBody) : new UpstreamRequest('DELETE', this.path, headers, null);

@@ -242,7 +242,12 @@ export class HintStore {
     // Admitted once already: not held to the byte limit again (a stop's hints all come back).
     if (this.closed || expiresAt <= this.now()) return false;
     const hash = keyHash(record.key);
-    this.queues[record.node]!.push({ request: record.request, key: record.key, hash, bytes, expiresAt, state: WAITING });
+    // In its place by expiry (a queue is oldest first, and `expire` stops at the first hint not
+    // yet due): hints kept since this worker started expire later than one taken over now may.
+    const queue = this.queues[record.node]!;
+    let at = queue.length;
+    while (at > this.heads[record.node]! && queue[at - 1]!.expiresAt > expiresAt) at--;
+    queue.splice(at, 0, { request: record.request, key: record.key, hash, bytes, expiresAt, state: WAITING });
     this.bytes += bytes;
     this.count++;
     this.host.hintCounted('stored', record.node, hash);

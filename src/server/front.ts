@@ -638,7 +638,7 @@ export class WorkerFront implements TunnelHost {
       let replicas: ReplicaSet | null = null;
       if (spec.quorum !== null) {
         runtime.replicate(this.rows);
-        const set = (replicas = new ReplicaSet(runtime, spec.quorum));
+        const set = (replicas = new ReplicaSet(runtime, spec.quorum, spec.keyHeader));
         runtime.onUpdate.push(() => set.hints.deliver());
       }
       return {
