@@ -299,6 +299,56 @@ describe('h1 client', () => {
     server.close();
   });
 
+  it('closes a connection after an answer with close in any connection line, whatever another line says', async () => {
+    // `connection: close` then `connection: keep-alive`: the node closes (here 50 ms later, not
+    // reading more). Kept, the next request, a bare write, went into it and was lost.
+    const { server, pool } = await setup((req) => {
+      if (req.text.startsWith('GET /bye')) {
+        req.socket.write('HTTP/1.1 200 OK\r\nconnection: close\r\nconnection: keep-alive\r\ncontent-length: 3\r\n\r\nbye');
+        req.socket.removeAllListeners('data');
+        setTimeout(() => req.socket.destroy(), 50);
+      } else req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
+    });
+    try {
+      assert.equal((await send(pool, request('GET', '/bye'))).body, 'bye');
+      const out = await sendAfterPoll(pool, request('POST', '/write', [], 'w'));
+      assert.equal(out.error?.code ?? out.body, 'ok');
+      assert.equal(server.connections, 2);
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
+  it('does not reuse a connection after a transfer-encoding in an HTTP/1.0 answer or beside a content-length (RFC 9112 6.1, 6.3)', async () => {
+    const answers = [
+      'HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
+      'HTTP/1.1 200 OK\r\ncontent-length: 100\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
+    ];
+    for (const answer of answers) {
+      const { server, pool } = await setup((req) => req.socket.write(req.text.startsWith('GET /first') ? answer : 'HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok'));
+      try {
+        assert.equal((await send(pool, request('GET', '/first'))).body, 'ok');
+        assert.equal((await sendAfterPoll(pool, request('GET', '/second'))).body, 'ok');
+        assert.equal(server.connections, 2, JSON.stringify(answer));
+      } finally {
+        pool.close(true);
+        server.close();
+      }
+    }
+  });
+
+  it('reports a HEAD answer\'s repeated content-length line once (relayed twice, clients refuse it)', async () => {
+    const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\n'));
+    try {
+      const out = await send(pool, request('HEAD', '/'), false);
+      assert.deepEqual(out.headers, [['content-length', '5']]);
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
   it('reports a malformed response, an early close, and a refused connection, each with its code', async () => {
     const bad = await setup((req) => req.socket.write('HTTX/1.1 200 OK\r\n\r\n'));
     assert.equal((await send(bad.pool, request('GET', '/'))).error?.code, H1Codes.BAD_RESPONSE);

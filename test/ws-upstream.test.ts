@@ -244,6 +244,16 @@ describe('the tunnels\' WebSocket client: handshake', () => {
     }
   });
 
+  it('fails a handshake answer whose status is below 100 (relayed, the client got `HTTP/1.1 0 `)', async () => {
+    for (const head of ['HTTP/1.1 000 Zero\r\ncontent-length: 0\r\n\r\n', 'HTTP/1.1 099 Low\r\ncontent-length: 0\r\n\r\n']) {
+      const origin = await node((socket) => socket.end(head));
+      const { events } = client(origin);
+      await events.until(() => events.failed !== null || events.refused !== null);
+      assert.equal(events.refused, null, JSON.stringify(head));
+      assert.match(events.failed!, /status below 100/, JSON.stringify(head));
+    }
+  });
+
   it('reads a refusal whole: by content-length, chunked (after a 100), or to the connection\'s end; over the limit the body is null', async () => {
     const answers: [string, (socket: Socket) => void, number, string | null][] = [
       ['content-length', (s) => s.end('HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nX-Why: ticket\r\nContent-Length: 6\r\n\r\nno way'), 403, 'no way'],

@@ -678,6 +678,12 @@ class H1Connection {
     /** Transfer codings seen, in order, across every transfer-encoding line. */
     let codings: string | null = null;
     let keepAlive = minor === 1;
+    /**
+     * A `close` in any connection line: the node closes after this answer, whatever another line
+     * says (`connection: close` then `connection: keep-alive` kept the connection, and the next
+     * request was written into one the node was closing: a bare write lost, 502 outcome unknown).
+     */
+    let closeSaid = false;
     /** Names a connection field listed besides close and keep-alive. */
     let hopNames: string[] | null = null;
     const fields = this.fields;
@@ -731,7 +737,9 @@ class H1Connection {
         case 14:
           if (nameIs(buf, line, colon, 'content-length')) {
             // A HEAD response's length describes the body it did not send: the caller needs it.
-            relay = !p.expectBody;
+            // Once: a repeated line of the same length (RFC 9110 8.6 lets a recipient take it
+            // as one) relayed twice is refused by clients (llhttp: "Duplicate Content-Length").
+            relay = !p.expectBody && contentLength < 0;
             const n = parseDecimal(buf, vs, ve);
             if (n < 0 || (contentLength >= 0 && contentLength !== n)) {
               this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad content-length'));
@@ -752,7 +760,7 @@ class H1Connection {
             relay = false;
             if (nameIs(buf, vs, ve, 'keep-alive')) keepAlive = true;
             else {
-              if (nameIs(buf, vs, ve, 'close') || hasToken(buf, vs, ve, 'close')) keepAlive = false;
+              if (nameIs(buf, vs, ve, 'close') || hasToken(buf, vs, ve, 'close')) closeSaid = true;
               else if (hasToken(buf, vs, ve, 'keep-alive')) keepAlive = true;
               // Any other name it lists is a header of this hop only: not relayed.
               const named = connectionNamed(buf.toString('latin1', vs, ve));
@@ -792,7 +800,9 @@ class H1Connection {
     }
     const more = headEnd < end;
     this.status = status;
-    this.reusable = keepAlive;
+    // RFC 9112 6.1 and 6.3: a transfer-encoding in an HTTP/1.0 answer, or beside a content-length,
+    // is framing in doubt: the answer is read as chunked, and the connection not used again.
+    this.reusable = keepAlive && !closeSaid && (codings === null || (minor === 1 && contentLength < 0));
     if (!p.expectBody || status === 204 || status === 304) {
       if (more && !this.hasFollowers()) this.reusable = false;
       this.complete(p);

@@ -481,6 +481,11 @@ export class WsUpstream {
       return end;
     }
     const code = Number(status[1]);
+    // 000-099 is no status (RFC 9110 15): relayed, the client got `HTTP/1.1 0 ` (as the h1 client).
+    if (code < 100) {
+      this.fail('the handshake answer has a status below 100');
+      return end;
+    }
     const headers: [string, string][] = [];
     const byName = new Map<string, string>();
     for (let i = 1; i < lines.length; i++) {

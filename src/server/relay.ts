@@ -16,6 +16,7 @@ import type { HttpResponse } from 'uWebSockets.js';
 import { HEDGED_HEADER, SERVED_BY_HEADER } from '../contract.js';
 import { nameIs, type HeaderFields } from '../forward/fields.js';
 import { PrefixViews } from '../forward/prefix-views.js';
+import { ACKS_HEADER } from '../replication/quorum.js';
 
 const STATUS_BYTES: (Buffer | undefined)[] = [];
 
@@ -29,7 +30,7 @@ export function statusBytes(status: number): Buffer {
 /**
  * Response headers the front door does not relay: hop-by-hop ones, those uWS writes itself
  * (`date`, `content-length`, and its mark `uWebSockets: 20`: a node on uWS sends one too), which
- * would otherwise be duplicated, and its own.
+ * would otherwise be duplicated, and its own (served-by, hedged, and a replicated answer's acks).
  */
 export function isDroppedResponseHeader(buf: Uint8Array, start: number, end: number): boolean {
   switch (end - start) {
@@ -46,7 +47,9 @@ export function isDroppedResponseHeader(buf: Uint8Array, start: number, end: num
     case 14:
       return nameIs(buf, start, end, 'content-length');
     case 16:
-      return nameIs(buf, start, end, 'proxy-connection');
+      // The front door's own count of a replicated answer's acknowledgements: a node's line of
+      // that name went out beside it (`x-lakefront-acks: 1/1` and the node's `3/3`).
+      return nameIs(buf, start, end, 'proxy-connection') || nameIs(buf, start, end, ACKS_HEADER);
     case 17:
       return nameIs(buf, start, end, 'transfer-encoding');
     case 18:
