@@ -538,6 +538,12 @@ class H1Connection {
             return;
           }
           if (next === HEAD_DONE) return;
+          // A head that completes in a later read is held to the limit too (the check above sees
+          // only what has come so far, up to a read's 64 KiB).
+          if (next - at > MAX_HEAD_BYTES) {
+            this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'response head too large'));
+            return;
+          }
           at = next;
           if (this.pending !== p) break;
           if (this.phase !== Phase.Head) this.lastActivity = coarseNow;
