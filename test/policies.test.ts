@@ -246,6 +246,66 @@ describe('hybrid', () => {
   });
 });
 
+describe('policies after a member comes back (reads it answered late, failures that go on)', () => {
+  it('hybrid: reads sent before a member went out, answered after it came back, do not eject it again', () => {
+    const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1], 0));
+    for (let i = 0; i < 10; i++) for (const n of [0, 1, 2]) p.observe(n, 1, true, OP_READ, performance.now() - 1);
+    const frozenAt = performance.now() - 3_000; // SIGSTOP: its reads hang
+    p.update(view([1, 1, 0], 0)); // its health probe fails
+    p.update(view([1, 1, 1], 0)); // SIGCONT: its probe passes, then the hung reads are answered
+    for (let i = 0; i < 20; i++) p.observe(2, 3_000, true, OP_READ, frozenAt);
+    assert.equal(p.ejectedNow(2), false, 'reads begun before it came back are not held against it');
+    assert.ok(Math.abs((primaries(p, OP_READ, 3_000).get(2) ?? 0) - 1_000) <= 1, 'a full share of reads');
+    // Reads begun after it came back still count.
+    const backAt = performance.now();
+    for (let i = 0; i < 20; i++) {
+      for (const n of [0, 1]) p.observe(n, 1, true, OP_READ, backAt);
+      p.observe(2, 9, true, OP_READ, backAt);
+    }
+    assert.equal(p.ejectedNow(2), true);
+  });
+
+  it('boltzmann: reads sent before a member went out, answered after it came back, do not starve it', () => {
+    const p = new BoltzmannPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1]));
+    for (let i = 0; i < 10; i++) for (const n of [0, 1, 2]) p.observe(n, 1, true, OP_READ, performance.now() - 1);
+    const frozenAt = performance.now() - 3_000;
+    p.update(view([1, 1, 0]));
+    p.update(view([1, 1, 1]));
+    for (let i = 0; i < 20; i++) p.observe(2, 3_000, true, OP_READ, frozenAt);
+    assert.ok(p.share(2) > 0.2, `explored as an unmeasured member: ${p.share(2)}`);
+  });
+
+  it('hybrid: a member that failed its reads for a long time rejoins within a bounded number of good probes', () => {
+    const rejoinAfter = (failures: number): number => {
+      const p = new HybridPolicy(DEFAULT_POLICY_SETTINGS);
+      p.update(view([1, 1, 1], 0));
+      for (let i = 0; i < 10; i++) for (const n of [0, 1, 2]) p.observe(n, 1, true, OP_READ);
+      for (let i = 0; i < failures; i++) p.observe(2, 7_000, false, OP_READ); // 503 "request timed out"
+      let probes = 0;
+      while (p.ejectedNow(2) && probes < 10_000) {
+        p.observe(2, 1, true, OP_READ);
+        probes++;
+      }
+      return probes;
+    };
+    const short = rejoinAfter(10);
+    const long = rejoinAfter(5_000);
+    assert.ok(long < 10_000, `after 5,000 failed reads it never rejoined (${long} good reads and counting)`);
+    assert.ok(long <= short + 5, `rejoining takes ${long} good reads after 5,000 failures, ${short} after 10: the penalty must not compound without bound`);
+  });
+
+  it('boltzmann: a healthy member one slow sample behind is still explored (seed 002: "some probability of exploring")', () => {
+    const p = new BoltzmannPolicy(DEFAULT_POLICY_SETTINGS);
+    p.update(view([1, 1, 1]));
+    for (let i = 0; i < 10; i++) for (const n of [0, 1, 2]) p.observe(n, 1, true, OP_READ);
+    p.observe(2, 60, true, OP_READ); // one slow answer (a GC pause, a cold connection)
+    const counts = primaries(p, OP_READ, 100_000);
+    assert.ok((counts.get(2) ?? 0) > 100, `member 2 drawn ${counts.get(2) ?? 0} times in 100,000`);
+  });
+});
+
 describe('dot segments', () => {
   it('finds . and .. segments, percent-encoded or not, and nothing else', () => {
     for (const path of ['/a/..', '/a/../b', '/./a', '/a/%2e%2e/b', '/a/%2E/b', '/a/.%2e', '/..']) assert.equal(hasDotSegment(path), true, path);

@@ -7,11 +7,14 @@
  * is down and back (then it starts afresh). It has no notion of reads and writes: that is the
  * point of comparing it.
  */
+import { performance } from 'node:perf_hooks';
 import type { PolicySettings } from '../server/protocol.js';
 import { returned, routable, type ClusterView, type Policy } from './types.js';
 
 /** A failed attempt counts as at least this slow. */
 const FAILURE_PENALTY_MS = 100;
+/** The doubling of a failure's penalty stops here (see hybrid.ts). */
+const MAX_FAILURE_PENALTY_MS = 10_000;
 /** Probability factor for a member past MAX_FAILURES consecutive failures. */
 const NEAR_ZERO = 1e-6;
 const MAX_FAILURES = 3;
@@ -23,6 +26,8 @@ export class BoltzmannPolicy implements Policy {
   private nodes: number[] = [];
   private ewmaMs: Float64Array = new Float64Array(0);
   private failures: Int32Array = new Int32Array(0);
+  /** performance.now() when each member last came back (its attempts begun before are not counted). */
+  private backAt: Float64Array = new Float64Array(0);
   private probability: Float64Array = new Float64Array(0);
   /** Routable members, most probable first: the failover order after the drawn primary. */
   private order: Int32Array = new Int32Array(0);
@@ -35,6 +40,7 @@ export class BoltzmannPolicy implements Policy {
     if (this.ewmaMs.length !== size) {
       this.ewmaMs = new Float64Array(size).fill(Number.NaN);
       this.failures = new Int32Array(size);
+      this.backAt = new Float64Array(size);
       this.probability = new Float64Array(size);
       this.order = new Int32Array(size);
     }
@@ -42,9 +48,11 @@ export class BoltzmannPolicy implements Policy {
     this.nodes = routable(view);
     // A member back from being down starts afresh (explored as an unmeasured one): the failures
     // that took it to near-zero probability would otherwise keep it there, never drawn again.
+    const now = performance.now();
     for (const node of returned(before, this.nodes)) {
       this.ewmaMs[node] = Number.NaN;
       this.failures[node] = 0;
+      this.backAt[node] = now;
     }
     this.recompute();
   }
@@ -87,14 +95,16 @@ export class BoltzmannPolicy implements Policy {
     return count;
   }
 
-  observe(node: number, latencyMs: number, ok: boolean): void {
+  observe(node: number, latencyMs: number, ok: boolean, _op?: number, startedAt?: number): void {
+    // Begun before the member came back: it measured the outage it was forgiven on its return.
+    if (startedAt !== undefined && startedAt < this.backAt[node]!) return;
     const { ewmaAlpha: alpha } = this.settings;
     const previous = this.ewmaMs[node]!;
     let sample = latencyMs;
     if (ok) this.failures[node] = 0;
     else {
       this.failures[node]!++;
-      sample = Math.max(FAILURE_PENALTY_MS, Number.isNaN(previous) ? 0 : previous * 2, latencyMs);
+      sample = Math.max(FAILURE_PENALTY_MS, Number.isNaN(previous) ? 0 : Math.min(previous * 2, MAX_FAILURE_PENALTY_MS), latencyMs);
     }
     this.ewmaMs[node] = Number.isNaN(previous) ? sample : alpha * sample + (1 - alpha) * previous;
     this.recompute();
@@ -115,7 +125,12 @@ export class BoltzmannPolicy implements Policy {
     for (const node of this.nodes) {
       const e = this.ewmaMs[node]!;
       let p = Math.exp(-((Number.isNaN(e) ? best : e) - best) / temperatureMs);
+      // Exploration (seed 002, III-C: "still keeps some probability of exploring the others"): a
+      // member's estimate moves only when it is drawn, and at 1 ms temperature one slow answer
+      // (e^-(gap / 1 ms)) left a healthy member at ~0 for good. A floor of the probe share keeps
+      // it drawn now and then; a member past MAX_FAILURES failures in a row stays near zero.
       if (this.failures[node]! > MAX_FAILURES) p *= NEAR_ZERO;
+      else p = Math.max(p, this.settings.probeShare);
       // Keep every member representable: exp() of a large gap underflows to 0.
       p = Math.max(p, Number.MIN_VALUE);
       this.probability[node] = p;

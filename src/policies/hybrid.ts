@@ -11,6 +11,7 @@
  *   and they can return. A member that was down (out of the routable set) is judged anew when it
  *   comes back.
  */
+import { performance } from 'node:perf_hooks';
 import { OP_WRITE, type PolicySettings } from '../server/protocol.js';
 import { returned, rotateInto, routable, type ClusterView, type Policy } from './types.js';
 
@@ -20,6 +21,12 @@ const MIN_SAMPLES = 5;
 const REJOIN = 0.75;
 /** A failed read counts as at least this slow. */
 const FAILURE_PENALTY_MS = 100;
+/**
+ * The doubling of a failed read's penalty stops here: uncapped, each failure multiplied the EWMA
+ * by 1.3, so a member that failed for a while needed about 0.74 good probes for every failed one
+ * to rejoin, and after about 2,700 failures the EWMA was Infinity and it never rejoined.
+ */
+const MAX_FAILURE_PENALTY_MS = 10_000;
 
 export class HybridPolicy implements Policy {
   readonly name = 'hybrid';
@@ -31,6 +38,8 @@ export class HybridPolicy implements Policy {
   private leaderSuspect = false;
   private readEwmaMs: Float64Array = new Float64Array(0);
   private readSamples: Int32Array = new Int32Array(0);
+  /** performance.now() when each member last came back (its reads begun before are not counted). */
+  private backAt: Float64Array = new Float64Array(0);
   private isEjected: Uint8Array = new Uint8Array(0);
   private scratch: Float64Array = new Float64Array(0);
   private nextRead = 0;
@@ -48,6 +57,7 @@ export class HybridPolicy implements Policy {
     if (this.readEwmaMs.length !== size) {
       this.readEwmaMs = new Float64Array(size).fill(Number.NaN);
       this.readSamples = new Int32Array(size);
+      this.backAt = new Float64Array(size);
       this.isEjected = new Uint8Array(size);
       this.scratch = new Float64Array(size);
     }
@@ -57,10 +67,12 @@ export class HybridPolicy implements Policy {
     // anew: the EWMA its failed reads left would keep it out of the pool long after it is well,
     // and only the probe share of reads could wear it down (seconds at hundreds of reads a
     // second, minutes at a few). Runs at a membership change, not a request.
+    const now = performance.now();
     for (const node of returned(before, this.nodes)) {
       this.readEwmaMs[node] = Number.NaN;
       this.readSamples[node] = 0;
       this.isEjected[node] = 0;
+      this.backAt[node] = now;
     }
     this.leader = view.leader;
     // A new publication supersedes what this thread suspected of the old one.
@@ -137,10 +149,13 @@ export class HybridPolicy implements Policy {
     return count;
   }
 
-  observe(node: number, latencyMs: number, ok: boolean, op: number): void {
+  observe(node: number, latencyMs: number, ok: boolean, op: number, startedAt?: number): void {
     if (op === OP_WRITE) return;
+    // Sent before the member came back (it hung while down, and answered once it ran again): it
+    // measured the outage, which the member was forgiven on its return.
+    if (startedAt !== undefined && startedAt < this.backAt[node]!) return;
     const previous = this.readEwmaMs[node]!;
-    const sample = ok ? latencyMs : Math.max(FAILURE_PENALTY_MS, latencyMs, Number.isNaN(previous) ? 0 : previous * 2);
+    const sample = ok ? latencyMs : Math.max(FAILURE_PENALTY_MS, latencyMs, Number.isNaN(previous) ? 0 : Math.min(previous * 2, MAX_FAILURE_PENALTY_MS));
     this.readEwmaMs[node] = Number.isNaN(previous) ? sample : this.settings.ewmaAlpha * sample + (1 - this.settings.ewmaAlpha) * previous;
     this.readSamples[node]!++;
     this.judge(node);

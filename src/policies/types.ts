@@ -24,8 +24,13 @@ export interface Policy {
    * (`''` when the route has none); `op` its operation class (OP_READ / OP_WRITE).
    */
   pick(key: string, op: number, out: Int32Array): number;
-  /** Feedback after an attempt ends (latency in milliseconds; on failure, time until it failed). */
-  observe?(node: number, latencyMs: number, ok: boolean, op: number): void;
+  /**
+   * Feedback after an attempt ends (latency in milliseconds; on failure, time until it failed).
+   * `startedAt`: performance.now() when the attempt began, if known; an attempt begun before the
+   * node last came back into the routable set (down and back) is not counted: it measured the
+   * outage the node has just been forgiven (a frozen member's hung reads, answered once it runs).
+   */
+  observe?(node: number, latencyMs: number, ok: boolean, op: number, startedAt?: number): void;
   /** Writes go to the published leader: an affinity ticket must not move them elsewhere. */
   readonly leaderWrites?: boolean;
   /**

@@ -409,9 +409,12 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   attemptEnded(node: number, ok: boolean, latencyMs: number, error: unknown, op: number): void {
     const g = this.globalIndex[node]!;
     this.slot.dropNode(g, N_INFLIGHT);
-    if (latencyMs >= 0) {
-      const observers = this.observers;
-      for (let i = 0; i < observers.length; i++) observers[i]!.observe!(node, latencyMs, ok, op);
+    const observers = this.observers;
+    if (latencyMs >= 0 && observers.length > 0) {
+      // When it began: an attempt begun before the node came back is not held against it. (Only
+      // the read policies observe: a rendezvous route's request reads no clock here.)
+      const startedAt = performance.now() - latencyMs;
+      for (let i = 0; i < observers.length; i++) observers[i]!.observe!(node, latencyMs, ok, op, startedAt);
     }
     if (!ok) {
       this.slot.bumpNode(g, N_FAILURES);
