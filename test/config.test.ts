@@ -123,7 +123,7 @@ describe('configuration file', () => {
     assert.equal(file.routes[0]!.keyHeader, 'x-lakefront-board');
     assert.equal(file.routes[1]!.policy, 'boltzmann');
     assert.equal(file.routes[1]!.operations!.reads[0], '/v3/kv/range', 'the cluster preset applies to its routes');
-    assert.deepEqual(file.routes[1]!.operations!.unsupported, ['/v3/watch'], 'watch streams are refused');
+    assert.deepEqual(file.routes[1]!.operations!.unsupported, ['/v3/watch', '/v3/election/observe'], 'watch and observe streams are refused');
     assert.deepEqual(file.routes[2]!.operations!.reads, ['/kv2/get']);
     assert.deepEqual(file.routes[2]!.operations!.writes, []);
   });
@@ -194,7 +194,7 @@ describe('configuration file', () => {
     const [reads, cleared] = parseFileConfig({ ...good, routes }, 'lf.json').routes;
     assert.deepEqual(reads!.operations!.reads, ['/v3/kv/range', '/v3/maintenance/status']);
     assert.equal(reads!.operations!.writes[0], '/v3/kv/put', 'writes kept from the preset');
-    assert.deepEqual(reads!.operations!.unsupported, ['/v3/watch'], 'watch still refused');
+    assert.deepEqual(reads!.operations!.unsupported, ['/v3/watch', '/v3/election/observe'], 'watch and observe still refused');
     assert.equal(reads!.operations!.otherwise, 'write');
     assert.deepEqual(cleared!.operations!.unsupported, [], "an empty list clears the preset's");
     assert.equal(cleared!.operations!.otherwise, 'read');

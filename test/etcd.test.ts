@@ -87,6 +87,10 @@ describe('etcd behind Lakefront', () => {
       const watch = await call(`${door.url}/v3/watch`, { method: 'POST', body: JSON.stringify({ create_request: { key: b64('hybrid-0') } }) });
       assert.equal(watch.status, 501);
       assert.equal(watch.json<{ code: string }>().code, 'LF_ERR_UNSUPPORTED');
+      // So is an election's observe, a stream too (it was held to the request timeout: 502).
+      const observe = await call(`${door.url}/v3/election/observe`, { method: 'POST', body: JSON.stringify({ name: b64('an-election') }) });
+      assert.equal(observe.status, 501);
+      assert.equal(observe.json<{ code: string }>().code, 'LF_ERR_UNSUPPORTED');
       // Nor can it get past the rules by a dot segment a node might resolve (raw: fetch and
       // undici would resolve it themselves).
       for (const path of ['/v3/kv/%2e%2e/watch', '/v3/kv/../watch', '/v3/kv/range/%2E%2E/put', '/v3/kv/range%2F..%2Fput', '/v3/kv/range%5C..%5Cput']) {

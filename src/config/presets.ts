@@ -7,13 +7,14 @@ import type { PolicyName } from '../server/protocol.js';
 /**
  * etcd's v3 JSON gateway: `range` reads; puts, deletes, transactions, compaction and leases
  * write. Anything else (maintenance, cluster, auth) is treated as a write: sent to the leader,
- * once, never hedged. `watch` is a stream, which a proxy that buffers whole answers cannot carry:
- * it is refused (501) rather than held to the request timeout and reported as a failed write.
+ * once, never hedged. `watch` and `election/observe` are streams that do not end, which a proxy
+ * that buffers whole answers cannot carry: they are refused (501) rather than held to the request
+ * timeout and reported as a failed write.
  */
 export const ETCD_OPERATIONS: OperationRules = {
   reads: ['/v3/kv/range'],
   writes: ['/v3/kv/put', '/v3/kv/deleterange', '/v3/kv/txn', '/v3/kv/compaction', '/v3/lease/*'],
-  unsupported: ['/v3/watch'],
+  unsupported: ['/v3/watch', '/v3/election/observe'],
   otherwise: 'write',
 };
 
