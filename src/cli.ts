@@ -67,6 +67,10 @@ function endBy(signal: NodeJS.Signals, workersGone: boolean): never {
 }
 
 async function main(): Promise<void> {
+  // An output whose reader has gone (a log shipper that died, a pipe into `head`): its lines are
+  // lost (EPIPE), and the front door goes on. Unheard, the stream's 'error' would end the process
+  // at its next line (`SIGTERM: draining`, a reload's) with an abort, and no drain.
+  for (const stream of [process.stdout, process.stderr]) stream.on('error', () => undefined);
   let command: Command;
   try {
     command = parseCommand(process.argv.slice(2), process.env);

@@ -10,6 +10,7 @@ import { connect, Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { createRequire, syncBuiltinESMExports } from 'node:module';
 import { after, before, describe, it } from 'node:test';
 import { AccessLog, asciiJson } from '../src/server/access-log.js';
 import { defaultSettings, RPC_ROUTE } from '../src/server/settings.js';
@@ -144,6 +145,61 @@ describe('access log writer', () => {
     await closing;
     const seen = readFileSync(file, 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { i: number }).i);
     assert.deepEqual(seen.sort((a, b) => a - b), Array.from({ length: 20_000 }, (_, i) => i));
+  });
+
+  it('starts a new line after a write the disk cut short (ENOSPC part way through a batch): no later line is glued to the torn one', async () => {
+    // A full disk (helper-81, on a 64 KiB tmpfs): write(2) takes the part of a batch that fits, and
+    // the next write of the rest fails with ENOSPC. Simulated here: node:fs's write, as the
+    // writer's import of it sees it (syncBuiltinESMExports), takes 5 bytes of the first batch
+    // and fails the next call; the disk has room again after.
+    const file = join(dir, 'torn.log');
+    const errors: string[] = [];
+    // node:fs's own exports (an ESM namespace cannot be assigned to).
+    const fs = createRequire(import.meta.url)('node:fs') as typeof import('node:fs');
+    const realWrite = fs.write;
+    let calls = 0;
+    let failed!: () => void;
+    const refused = new Promise<void>((resolve) => (failed = resolve));
+    const patched = ((fd: number, buffer: Buffer, offset: number, length: number, position: null, callback: (err: NodeJS.ErrnoException | null, written: number) => void): void => {
+      calls++;
+      if (calls === 1) {
+        const written = fs.writeSync(fd, buffer, offset, 5);
+        setImmediate(() => callback(null, written));
+        return;
+      }
+      if (calls === 2) {
+        const err = Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' }) as NodeJS.ErrnoException;
+        setImmediate(() => {
+          callback(err, 0);
+          failed();
+        });
+        return;
+      }
+      realWrite(fd, buffer, offset, length, position, callback);
+    }) as unknown as typeof fs.write;
+    (fs as { write: typeof fs.write }).write = patched;
+    syncBuiltinESMExports();
+    try {
+      const log = new AccessLog(file, (m) => errors.push(m));
+      log.add('{"lost":1}');
+      // Its batch is written at the next flush (an unref'd timer: the loop is held open meanwhile):
+      // 5 bytes of it, then ENOSPC.
+      const hold = setInterval(() => undefined, 1_000);
+      await refused;
+      clearInterval(hold);
+      log.add('{"after":1}');
+      log.add('{"after":2}');
+      await log.close();
+    } finally {
+      (fs as { write: typeof fs.write }).write = realWrite;
+      syncBuiltinESMExports();
+    }
+    assert.equal(calls >= 3, true);
+    assert.equal(errors.length, 1, errors.join('; '));
+    assert.match(errors[0]!, /ENOSPC/);
+    const lines = readFileSync(file, 'utf8').split('\n');
+    // The torn part of the lost line stands alone; every line after it is whole.
+    assert.deepEqual(lines, ['{"los', '{"after":1}', '{"after":2}', '']);
   });
 
   it('escapes every character past ASCII, so a line has as many bytes as characters', () => {

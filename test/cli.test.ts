@@ -230,6 +230,29 @@ describe('lakefront command: running', () => {
     for (const n of nodes) n.behaviour = { kind: 'answer' };
   });
 
+  it('on SIGTERM still drains and exits 0 when its standard output\'s reader has gone (a log shipper that died): its lines are lost, not the requests', async () => {
+    // helper-81: the line `lakefront: SIGTERM: draining` hit EPIPE, Node's unheard 'error' ended
+    // the process with an abort (SIGABRT), and the in-flight request got no answer.
+    const run = start(['--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(','), '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--access-log', '-']);
+    const [, url] = await waitForLine(run.child, /listening on (http:\/\/127\.0\.0\.1:\d+)/);
+    // The reader goes away: the pipe's read end closes.
+    run.child.stdout!.destroy();
+    assert.equal((await rpc(url!, 'query.execute', 'gone-board')).status, 200, 'its access-log line meets the closed pipe');
+    for (const n of nodes) n.behaviour = { kind: 'answer', delayMs: 300 };
+    try {
+      const arrived = Promise.race(nodes.map((n) => once(n, 'request')));
+      const inflight = rpc(url!, 'board.append', 'gone-board');
+      await arrived;
+      run.child.kill('SIGTERM');
+      const reply = await inflight;
+      assert.equal(reply.status, 200, 'the in-flight write was finished, not cut');
+      assert.deepEqual(await endOf(run), { code: 0, signal: null });
+    } finally {
+      for (const n of nodes) n.behaviour = { kind: 'answer' };
+      if (run.child.exitCode === null && run.child.signalCode === null) run.child.kill('SIGKILL');
+    }
+  });
+
   it('SIGHUP without --config says there is nothing to reload, and the front door serves on', async () => {
     const run = start(['--nodes', nodes.map((n) => `${n.id}=${n.url}`).join(','), '--port', '0', '--host', '127.0.0.1', '--threads', '1', '--health-interval-ms', '60000']);
     try {

@@ -77,6 +77,12 @@ export class AccessLog {
   private dropped = 0;
   /** A write failed and was said; said again only after one succeeds. */
   private failing = false;
+  /**
+   * A write failed part way through a batch (a full disk takes the part that fits, then says
+   * ENOSPC): the output ends inside a line, so the next bytes written start with a newline, and
+   * no later line is glued to the torn one.
+   */
+  private torn = false;
 
   constructor(
     readonly path: string,
@@ -244,7 +250,16 @@ export class AccessLog {
     this.waiting = 0;
   }
 
-  private writeBuffer(buffer: Buffer): void {
+  /**
+   * Writes one batch off the event loop (`resumed`: the rest of a batch partly written;
+   * `prefixed`: it starts with the newline that ends a torn line).
+   */
+  private writeBuffer(buffer: Buffer, resumed = false, prefixed = false): void {
+    if (!resumed && !prefixed && this.torn) {
+      buffer = Buffer.concat([NEWLINE, buffer]);
+      prefixed = true;
+      this.torn = false;
+    }
     this.writing = true;
     this.inFlight = buffer.length;
     write(this.fd, buffer, 0, buffer.length, null, (err, written) => {
@@ -258,14 +273,16 @@ export class AccessLog {
       }
       // A full pipe (the output is non-blocking): tried again shortly.
       if (err && (err as NodeJS.ErrnoException).code === 'EAGAIN') {
-        setTimeout(() => this.writeBuffer(buffer), RETRY_MS).unref();
+        setTimeout(() => this.writeBuffer(buffer, resumed, prefixed), RETRY_MS).unref();
         return;
       }
       if (err) {
         if (!this.failing) this.report(`access log ${this.path}: ${err.message}; lines are lost until a write succeeds`);
         this.failing = true;
+        // Part of the batch (or of the newline before it) is out: the output ends inside a line.
+        if (resumed || prefixed) this.torn = true;
       } else if (written < buffer.length) {
-        this.writeBuffer(buffer.subarray(written));
+        this.writeBuffer(buffer.subarray(written), true);
         return;
       } else this.failing = false;
       this.writing = false;
@@ -301,11 +318,17 @@ export class AccessLog {
   /** Writes every waiting line now; a full pipe is waited for, until `deadline` (Date.now()). */
   private writeAllSync(deadline: number): void {
     for (let buffer = this.take(); buffer !== null; buffer = this.take()) {
+      const prefixed = this.torn;
+      if (prefixed) {
+        buffer = Buffer.concat([NEWLINE, buffer]);
+        this.torn = false;
+      }
       for (let at = 0; at < buffer.length; ) {
         try {
           at += writeSync(this.fd, buffer, at);
         } catch (err) {
           if ((err as NodeJS.ErrnoException).code !== 'EAGAIN' || Date.now() >= deadline) {
+            if (at > 0 || prefixed) this.torn = true;
             this.report(`access log ${this.path}: ${(err as Error).message}; ${this.waiting + buffer.length - at} bytes of lines were lost`);
             this.drop();
             return;
@@ -316,6 +339,8 @@ export class AccessLog {
     }
   }
 }
+
+const NEWLINE = Buffer.from('\n');
 
 /** Waited on (never woken) to pause a thread for a millisecond between tries at a full pipe. */
 const PAUSE = new Int32Array(new SharedArrayBuffer(4));

@@ -227,7 +227,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     if (this.unsent !== null && this.arrival !== null) this.logAnswer(this.sentBytes);
     this.unsent = null;
     // As nginx logs it: 499, the client closed the connection before its answer.
-    if (!this.answered && this.arrival !== null) this.log(499, null, false, 0);
+    if (!this.answered && this.arrival !== null) this.log(499, null, this.exchange?.hedged ?? false, 0);
     this.exchange?.cancel();
     this.finish();
   }
@@ -482,6 +482,9 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   private reject(status: number, body: string, close: boolean): void {
     this.answered = true;
+    // Refused while its body came (too large, or the front door stopping): counted as rejected,
+    // as the same refusal of a declared length is, and not also as a request that was proxied.
+    this.front.slot.drop(C_REQUESTS);
     if (this.asked !== CLOSE_NOT_ASKED) this.front.closeAsked(this.res, this.asked);
     this.front.refuse(this.res, status, body, close, null, this.method === 'HEAD', this.arrival);
     this.finish();
@@ -490,6 +493,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   /** Its body came framed otherwise than it said: the connection is closed unanswered (framing.ts). */
   private dropFraming(): void {
     this.answered = true;
+    this.front.slot.drop(C_REQUESTS);
     this.front.dropFraming(this.res, this.arrival);
     this.finish();
   }
