@@ -789,6 +789,18 @@ describe('HedgeBudget', () => {
     assert.equal(budget.spend(), false);
   });
 
+  it('a setting of 0% (--hedge-budget-percent 0) never hedges, not even a first burst', () => {
+    const budget = HedgeBudget.forSetting(0);
+    assert.equal(budget.affordable, false, 'no token: no hedge timer is armed');
+    assert.equal(budget.waits, false, 'nobody waits for a token that never comes');
+    for (let i = 0; i < 100; i++) {
+      budget.deposit();
+      assert.equal(budget.spend(false), false);
+      assert.equal(budget.spend(true), false);
+    }
+    assert.equal(HedgeBudget.forSetting(5).spend(false), true, 'a budget above 0% keeps its burst');
+  });
+
   it('a setting of 100% is no budget: every hedge may fire, with no requests between, none waits, losing does not shrink it', () => {
     const budget = HedgeBudget.forSetting(100);
     for (let i = 0; i < 50; i++) budget.outcome(false);

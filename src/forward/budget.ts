@@ -123,7 +123,9 @@ export class HedgeBudget {
 
   /** The budget a `--hedge-budget-percent` (`hedgeBudgetPercent`) setting asks for: 100 is none. */
   static forSetting(percent: number): HedgeBudget {
-    return new HedgeBudget(percent, undefined, undefined, percent >= 100);
+    // 0% is no hedge at all: no burst either (a full bucket of 10 hedged the first 10 slow
+    // requests a thread, every one of them, however many requests came).
+    return percent <= 0 ? new HedgeBudget(0, 0, 0) : new HedgeBudget(percent, undefined, undefined, percent >= 100);
   }
 
   constructor(percent: number, burst = 10, reserve = Math.floor(burst * RESERVE_SHARE), unlimited = false) {
