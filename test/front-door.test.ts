@@ -825,6 +825,17 @@ describe('front door: HTTP surface', () => {
     assert.equal(reply.headers['x-lakefront-served-by'], runnerUp);
   });
 
+  it('takes a write with two x-lakefront-idempotent lines for a bare write (read together they are not "1"): sent once, not failed over', async () => {
+    const [primary, runnerUp] = await ranking(server.url, 'twice-keyed');
+    byId(nodes, primary!).behaviour = { kind: 'reset' };
+    for (const [a, b] of [['1', '0'], ['0', '1'], ['1', '1']]) {
+      const raw = await rawExchange(server.url, `POST /rpc/board.append HTTP/1.1\r\nhost: a\r\nx-lakefront-board: twice-keyed\r\nx-lakefront-idempotent: ${a}\r\nx-lakefront-idempotent: ${b}\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}`);
+      assert.match(raw, /^HTTP\/1\.1 502 /, `${a}, ${b}`);
+      assert.match(raw, /LF_ERR_OUTCOME_UNKNOWN/);
+    }
+    assert.equal(byId(nodes, runnerUp!).hits(), 0, 'never failed over to the runner-up');
+  });
+
   it('fails a read over down the ranking, in ranking order', async () => {
     const order = await ranking(server.url, 'failover-board');
     byId(nodes, order[0]!).behaviour = { kind: 'reset' };

@@ -1335,6 +1335,7 @@ const scan = {
   connection: '',
   firstConnectionLength: -1,
   idempotent: false,
+  idempotentSeen: false,
   hostSeen: false,
   keySeen: false,
   /** A header that may come once and came again ('' when none): host, or the route's key header. */
@@ -1355,6 +1356,7 @@ const scan = {
     this.connection = '';
     this.firstConnectionLength = -1;
     this.idempotent = false;
+    this.idempotentSeen = false;
     this.hostSeen = false;
     this.keySeen = false;
     this.doubled = '';
@@ -1425,7 +1427,12 @@ function scanHeader(name: string, value: string): void {
       if (name === 'proxy-authorization') return;
       break;
     case 22:
-      if (name === IDEMPOTENT_HEADER && value === '1') scan.idempotent = true;
+      // One line saying 1: two lines read together say "1, 0" or "1, 1", which is not 1 (as
+      // contract.ts's isRetryable reads them): a write in doubt is a bare write, sent once.
+      if (name === IDEMPOTENT_HEADER) {
+        scan.idempotent = value === '1' && !scan.idempotentSeen;
+        scan.idempotentSeen = true;
+      }
       break;
   }
   if (name.length === scan.keyHeader.length && name === scan.keyHeader) {
