@@ -252,7 +252,14 @@ describe('front door: HTTP surface', () => {
     const boardOf = async (query: string): Promise<string> => (await call(`${server.url}/route?${query}`)).json<{ board: string }>().board;
     assert.equal(await boardOf('board=a%2Bb'), 'a+b');
     assert.equal(await boardOf('board=a+b'), 'a b');
-    assert.equal(await boardOf('x=1&board=%C3%A9t%C3%A9&board=second'), 'été', 'the first of a name');
+    assert.equal(await boardOf('x=1&board=%C3%A9t%C3%A9'), 'été');
+    // Two boards, or one no request may carry (as two key lines, or a longer key, on a request).
+    for (const [query, why] of [['board=a&board=b', /^the query parameter "board" is given twice$/], ['board=a&x=1&x=2', /"x" is given twice/], [`board=${'k'.repeat(1025)}`, /^board longer than 1024 characters$/]] as const) {
+      const reply = await call(`${server.url}/route?${query}`);
+      assert.equal(reply.status, 400, query.slice(0, 40));
+      assert.match(reply.json<{ error: string }>().error, why);
+    }
+    assert.equal(await boardOf(`board=${'k'.repeat(1024)}`), 'k'.repeat(1024));
     for (const query of ['board=%ZZ', 'board=100%', 'board=%C3', 'bo%rd=x']) {
       const reply = await call(`${server.url}/route?${query}`);
       assert.equal(reply.status, 400, query);

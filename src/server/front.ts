@@ -543,7 +543,9 @@ export function parseQuery(raw: string): Map<string, string> | string {
     } catch {
       return `malformed percent-encoding in the query parameter ${JSON.stringify(rawName.slice(0, 64))}`;
     }
-    if (!params.has(name)) params.set(name, value);
+    // Two of a name: which one was meant cannot be told (as two key header lines on a request).
+    if (params.has(name)) return `the query parameter ${JSON.stringify(name.slice(0, 64))} is given twice`;
+    params.set(name, value);
   }
   return params;
 }
@@ -985,6 +987,11 @@ export class WorkerFront implements TunnelHost {
     const clusterName = query.get('cluster');
     if (!board) {
       replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST), this.draining, null, head, this.tookClose(res));
+      return;
+    }
+    // A key no request may carry is ranked for none: refused as the request would be.
+    if (board.length > MAX_KEY_LENGTH) {
+      replyJson(res, 400, errorBody(`board longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining, null, head, this.tookClose(res));
       return;
     }
     const pattern = query.get('route');
