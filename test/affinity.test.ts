@@ -682,3 +682,90 @@ describe('tickets that cannot be read one way, and apps across clusters (helper-
     }
   });
 });
+
+describe('spreading clients, and ticket holders placed anew across reloads (helper-74)', () => {
+  const settings: AffinitySettings = { app: 'boards', header: 'x-lakefront-affinity', ttlSeconds: 3600, generation: 1, keys: ['k'.repeat(40)] };
+  const book = new TicketBook(settings);
+
+  for (const policy of ['round_robin', 'hybrid'] as const) {
+    it(`places new clients evenly on a ${policy} route though each comes back with its ticket (a ticket holder's request takes no turn)`, async () => {
+      const nodes = await startNodes(`sp-${policy}-a`, `sp-${policy}-b`);
+      const door = await ticketDoor(nodes, '/live/*', policy, settings);
+      try {
+        const placed = new Map<string, number>();
+        // Seed 004's client: placed, then its next request carries the ticket; clients in turn.
+        for (let c = 0; c < 20; c++) {
+          const first = await call(`${door.url}/live/lease`);
+          const node = String(first.headers['x-lakefront-served-by']);
+          placed.set(node, (placed.get(node) ?? 0) + 1);
+          const again = await call(`${door.url}/live/lease`, { headers: { 'x-lakefront-affinity': String(first.headers['x-lakefront-affinity']) } });
+          assert.equal(again.headers['x-lakefront-served-by'], node);
+        }
+        assert.deepEqual([...placed.values()], [10, 10], `placed: ${JSON.stringify([...placed])}`);
+      } finally {
+        await door.stop();
+        await Promise.all(nodes.map((n) => n.stop()));
+      }
+    });
+  }
+
+  it('re-places a stale ticket on the same boltzmann sibling while its node is out and after a reload removed it', async () => {
+    const nodes = await startNodes('rl-a', 'rl-b', 'rl-c', 'rl-d');
+    const config = (members: readonly FakeNode[]): FrontDoorConfig => ({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      // A warm temperature: every member stays placeable, so only the reload can move a client.
+      clusters: [{ name: 'default', members: members.map((n) => ({ id: n.id, url: n.url })), policySettings: { temperatureMs: 1_000_000 } }],
+      routes: [{ pattern: '/live/*', cluster: 'default', policy: 'boltzmann', keyHeader: null, affinity: settings }],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({ hedgeMode: 'off' }),
+    });
+    let door = await FrontDoor.start(config(nodes));
+    try {
+      const tickets = Array.from({ length: 24 }, (_, i) => new TicketBook(settings, () => Date.now() - i * 1000).mint('rl-a'));
+      const place = async (): Promise<string[]> => {
+        const out: string[] = [];
+        for (const ticket of tickets) out.push(String((await call(`${door.url}/live/x`, { headers: { 'x-lakefront-affinity': ticket } })).headers['x-lakefront-served-by']));
+        return out;
+      };
+      nodes[0]!.healthy = false;
+      await door.memberships[0]!.probeOnce();
+      const whileOut = await place();
+      assert.ok(!whileOut.includes('rl-a'));
+      door = await door.reload(config(nodes.slice(1)));
+      const afterReload = await place();
+      assert.deepEqual(afterReload, whileOut, 'each client keeps the sibling it was re-placed on');
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
+  it('does not hedge a request whose valid ticket names a node no longer in the cluster (a keyed route)', async () => {
+    const nodes = await startNodes('hg-a', 'hg-b', 'hg-c');
+    const door = await FrontDoor.start({
+      host: '127.0.0.1',
+      port: 0,
+      threads: 1,
+      clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: n.url })) }],
+      routes: [{ pattern: '/live/*', cluster: 'default', policy: 'rendezvous', keyHeader: 'x-board', affinity: settings }],
+      healthIntervalMs: 60_000,
+      healthTimeoutMs: 500,
+      settings: defaultSettings({ hedgeMode: 'fixed', hedgeDelayMs: 20 }),
+    });
+    try {
+      const home = String((await call(`${door.url}/live/x`, { headers: { 'x-board': 'board-1' } })).headers['x-lakefront-served-by']);
+      nodes.find((n) => n.id === home)!.behaviour = { kind: 'answer', delayMs: 200 };
+      // A ticket for a node a reload took out of the cluster: placed by its key, as its socket is.
+      const reply = await call(`${door.url}/live/x`, { headers: { 'x-board': 'board-1', 'x-lakefront-affinity': book.mint('hg-gone') } });
+      assert.equal(reply.headers['x-lakefront-hedged'], '0');
+      assert.equal(reply.headers['x-lakefront-served-by'], home);
+      assert.equal('node' in book.check(String(reply.headers['x-lakefront-affinity'])) && (book.check(String(reply.headers['x-lakefront-affinity'])) as { node: string }).node, home);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+});

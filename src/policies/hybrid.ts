@@ -119,7 +119,7 @@ export class HybridPolicy implements Policy {
     return this.settings.rho * (m % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2);
   }
 
-  pick(_key: string, op: number, out: Int32Array): number {
+  pick(_key: string, op: number, out: Int32Array, takeTurn = true): number {
     const nodes = this.nodes;
     if (nodes.length === 0) return 0;
     if (op === OP_WRITE) {
@@ -135,16 +135,19 @@ export class HybridPolicy implements Policy {
     }
     const pool = this.pool.length > 0 ? this.pool : nodes;
     let primary: number;
+    let next = this.nextRead;
     if (this.ejected.length > 0 && this.pool.length > 0 && Math.random() < this.settings.probeShare) {
       primary = this.ejected[(Math.random() * this.ejected.length) | 0]!;
     } else {
       const start = this.nextRead;
-      this.nextRead = (start + 1) % pool.length;
+      next = (start + 1) % pool.length;
+      // A ticket holder's read (placed by its own turn) does not move the rotation.
+      if (takeTurn) this.nextRead = next;
       primary = pool[start % pool.length]!;
     }
     out[0] = primary;
     // Failover: the rest of the pool, then the ejected members.
-    let count = rotateInto(pool, this.nextRead, out, 1, primary);
+    let count = rotateInto(pool, next, out, 1, primary);
     if (pool !== nodes) for (const node of this.ejected) if (node !== primary) out[count++] = node;
     return count;
   }

@@ -14,11 +14,11 @@ export class RoundRobinPolicy implements Policy {
     this.nodes = routable(view);
   }
 
-  pick(_key: string, _op: number, out: Int32Array): number {
+  pick(_key: string, _op: number, out: Int32Array, takeTurn = true): number {
     const n = this.nodes.length;
     if (n === 0) return 0;
     const start = this.next;
-    this.next = (start + 1) % n;
+    if (takeTurn) this.next = (start + 1) % n;
     return rotateInto(this.nodes, start, out, 0);
   }
 }

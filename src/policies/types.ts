@@ -21,9 +21,12 @@ export interface Policy {
   /**
    * Writes candidate node indices into `out`, best first (primary, then hedge and failover
    * order), never repeating a node, and returns how many. `key` is the request's routing key
-   * (`''` when the route has none); `op` its operation class (OP_READ / OP_WRITE).
+   * (`''` when the route has none); `op` its operation class (OP_READ / OP_WRITE). `takeTurn`
+   * false: a ticket holder's request, which `placeClient` orders by its own turn; a rotating
+   * policy ranks without moving its rotation (else every pinned request would shift where the
+   * next new client is placed).
    */
-  pick(key: string, op: number, out: Int32Array): number;
+  pick(key: string, op: number, out: Int32Array, takeTurn?: boolean): number;
   /**
    * Feedback after an attempt ends (latency in milliseconds; on failure, time until it failed).
    * `startedAt`: performance.now() when the attempt began, if known; an attempt begun before the
@@ -158,7 +161,11 @@ function placeableFirst(candidates: Int32Array, count: number, policy: Policy, o
   return front;
 }
 
-/** A client's turn and a node, mixed (murmur3's finalizer): each node's score for that client. */
+/**
+ * A client's turn and a node, mixed (murmur3's finalizer): each node's score for that client.
+ * `node` is a key of the node's own (a hash of its id), not its place in the cluster: a reload
+ * that removes or adds a node must not change the other nodes' scores.
+ */
 function turnScore(turn: number, node: number): number {
   let h = Math.imul(turn ^ Math.imul(node + 1, 0x9e3779b1), 0x85ebca6b);
   h ^= h >>> 13;
@@ -166,13 +173,17 @@ function turnScore(turn: number, node: number): number {
   return (h ^ (h >>> 16)) >>> 0;
 }
 
-/** Orders candidates[0 .. count) by their score for `turn`, highest first (rendezvous). */
-function byTurnScore(candidates: Int32Array, count: number, turn: number): void {
+/** Orders candidates[0 .. count) by their score for `turn`, highest first (rendezvous); `keys`: each node's key (else its index). */
+function byTurnScore(candidates: Int32Array, count: number, turn: number, keys: Int32Array | null): void {
   for (let i = 1; i < count; i++) {
     const node = candidates[i]!;
-    const score = turnScore(turn, node);
+    const score = turnScore(turn, keys === null ? node : keys[node]!);
     let j = i;
-    for (; j > 0 && turnScore(turn, candidates[j - 1]!) < score; j--) candidates[j] = candidates[j - 1]!;
+    for (; j > 0; j--) {
+      const before = candidates[j - 1]!;
+      if (turnScore(turn, keys === null ? before : keys[before]!) >= score) break;
+      candidates[j] = before;
+    }
     candidates[j] = node;
   }
 }
@@ -210,9 +221,10 @@ function setAside(candidates: Int32Array, count: number, node: number): number {
  * own node (`own`) set aside at the end, so that the turn names the same sibling whether that
  * node is failing or already out of the rankings (the caller pins it first if it can take the
  * request). Then the client's region (`region` >= 0, an index of `regionOf`) goes first, in its
- * turn, or in the route's (`regionTurn`) when it has none.
+ * turn, or in the route's (`regionTurn`) when it has none. `nodeKeys`: a key per node that a
+ * reload does not change (ClusterRuntime.nodeKeys, a hash of its id), for the scores.
  */
-export function placeClient(candidates: Int32Array, count: number, own: number, turn: number, regionOf: Int32Array, region: number, policy: Policy, turns: Int32Array): void {
+export function placeClient(candidates: Int32Array, count: number, own: number, turn: number, regionOf: Int32Array, region: number, policy: Policy, turns: Int32Array, nodeKeys: Int32Array | null = null): void {
   let ordered = count;
   const byScore = policy.placeable !== undefined;
   if (turn >= 0) {
@@ -222,7 +234,7 @@ export function placeClient(candidates: Int32Array, count: number, own: number, 
       // client's turn first: a sibling dropping out or coming in moves only its own clients.
       const fit = placeableFirst(candidates, ordered, policy, own);
       if (fit > 0) ordered = fit;
-      byTurnScore(candidates, ordered, turn);
+      byTurnScore(candidates, ordered, turn, nodeKeys);
     } else inTurn(candidates, ordered, turn);
   }
   // By score, the region's members keep their order (a rotation would undo it).

@@ -10,6 +10,7 @@ import { SampleWindow } from '../forward/latency.js';
 import { H1Codes, type H1Agent } from '../forward/h1.js';
 import { createTransport, CUT_OFF, type AttemptObserver, type AttemptSink, type NodeTransport, type UpstreamRequest } from '../forward/upstream.js';
 import { HashRing } from '../hashing/ring.js';
+import { ticketTurn } from '../affinity/tickets.js';
 import type { ReplicaHost } from '../replication/fanout.js';
 import type { HeldHints, HintEvent } from '../replication/hints.js';
 import type { VersionClock } from '../replication/quorum.js';
@@ -182,6 +183,11 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
   private readonly leaderBased: boolean;
   /** Region index per node; nodes without a region share one. */
   readonly regionOf: Int32Array;
+  /**
+   * A key per node from its id (FNV-1a), which a reload does not change as it does indices:
+   * the scores that re-place a ticket holder (policies/types.ts placeClient).
+   */
+  readonly nodeKeys: Int32Array;
   /** Region names by index ('' for the nodes without one). */
   private readonly regionNames: string[];
   readonly regionCount: number;
@@ -233,6 +239,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
     this.policySettings = spec.policySettings;
     const regions = (this.regionNames = [...new Set(spec.nodes.map((g) => nodes[g]!.region ?? ''))]);
     this.regionOf = Int32Array.from(spec.nodes, (g) => regions.indexOf(nodes[g]!.region ?? ''));
+    this.nodeKeys = Int32Array.from(this.ids, (id) => ticketTurn(id));
     this.regionCount = regions.length;
     // No region of its own: no replica is local (local_quorum then takes a majority of all).
     this.localRegion = replication?.region != null ? regions.indexOf(replication.region) : -1;

@@ -217,6 +217,8 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     private readonly region: string | null,
     /** A rotating route's client with a valid ticket: its own turn (ticketTurn), else -1. */
     private readonly placeTurn: number,
+    /** The request carries a valid ticket (its node may have left the cluster: `pinned` -1). */
+    private readonly ticketed = false,
   ) {
     this.upstream = new UpstreamRequest(method, path, headers, null);
   }
@@ -291,8 +293,6 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     exchange.hedgeEnabled = this.retryable && this.route.spec.hedge && this.front.hedging;
     exchange.failoverUnsent = this.route.spec.failoverUnsent;
     exchange.op = this.op;
-    // A policy ranks every routable node; the exchange holds at most MAX_CANDIDATES of them.
-    exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates), exchange.candidates.length);
     // A ticket's client on a rotating route takes its own turn, not the route's: where its node
     // cannot take the request (gone, or failing now), it goes to the same sibling as its other
     // requests and its sockets (seed 004), not to whichever is next in the rotation. Placed by
@@ -300,13 +300,17 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     // Not a write where writes belong to the leader: neither turn nor region moves it.
     const leaderWrite = this.op !== OP_READ && this.route.policy.leaderWrites === true;
     const turn = leaderWrite ? -1 : this.placeTurn;
+    // A policy ranks every routable node; the exchange holds at most MAX_CANDIDATES of them. A
+    // ticket holder placed by its own turn takes none of the route's rotation: its requests
+    // would shift where the next new client lands (all on one node when they keep step).
+    exchange.count = Math.min(this.route.policy.pick(this.key, this.op, exchange.candidates, turn < 0), exchange.candidates.length);
     const region = this.region !== null && !leaderWrite ? runtime.regionIndex(this.region) : -1;
-    if (turn >= 0 || region >= 0) placeClient(exchange.candidates, exchange.count, this.pinned, turn, runtime.regionOf, region, this.route.policy, this.route.turns);
-    // A client with a ticket is not hedged, on its node or placed anew on a sibling (its own turn,
-    // above): its session belongs on one node, and a hedge would answer it from another (with a
+    if (turn >= 0 || region >= 0) placeClient(exchange.candidates, exchange.count, this.pinned, turn, runtime.regionOf, region, this.route.policy, this.route.turns, runtime.nodeKeys);
+    // A client with a valid ticket is not hedged, on its node or placed anew on a sibling (its own turn,
+    // above), nor when its node has left the cluster (a keyed route places it by its key): its session belongs on one node, and a hedge would answer it from another (with a
     // ticket for that one) while its other requests and sockets go to the first. A failure still
     // fails over.
-    if (this.pinned >= 0 || turn >= 0) exchange.hedgeEnabled = false;
+    if (this.ticketed || turn >= 0) exchange.hedgeEnabled = false;
     // Where writes belong to the leader (hybrid), a ticket does not move them; the client keeps
     // it, and a client without one gets none (one naming the leader would pin its reads there).
     if (leaderWrite) this.ticketKept = true;
@@ -1257,11 +1261,13 @@ export class WorkerFront implements TunnelHost {
     let renew = false;
     let region: string | null = null;
     let turn = -1;
+    let ticketed = false;
     if (tickets !== null) {
       region = this.init.region;
       if (scan.ticket !== '') {
         const checked = tickets.check(scan.ticket);
         if ('node' in checked) {
+          ticketed = true;
           pinned = route.runtime.indexOf(checked.node);
           renew = tickets.wearing(checked.expiresAt);
           region = checked.region ?? region;
@@ -1270,7 +1276,7 @@ export class WorkerFront implements TunnelHost {
       }
     }
     this.slot.bump(C_REQUESTS);
-    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region, turn);
+    const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region, turn, ticketed);
     if (closes !== CLOSE_NOT_ASKED) {
       request.asked = closes;
       this.askedClose = null;

@@ -357,11 +357,6 @@ export class WebSocketTunnels {
     }
     const runtime = route.runtime;
     const ranking = new Int32Array(runtime.size);
-    let count = Math.min(route.policy.pick(key, OP_READ, ranking), MAX_CANDIDATES);
-    if (count === 0) {
-      host.refuse(res, 503, errorBody('no healthy node', ErrorCodes.NO_HEALTHY_NODE), false);
-      return;
-    }
     // The client's region (its ticket's, else the front door's): placed anew, it goes there first.
     let region = tickets === null ? null : host.region;
     let pin = -1;
@@ -377,8 +372,14 @@ export class WebSocketTunnels {
         if (placesByTurn(route.policy)) turn = checked.turn;
       }
     }
+    // A ticket holder placed by its own turn takes none of the route's rotation (front.ts).
+    let count = Math.min(route.policy.pick(key, OP_READ, ranking, turn < 0), MAX_CANDIDATES);
+    if (count === 0) {
+      host.refuse(res, 503, errorBody('no healthy node', ErrorCodes.NO_HEALTHY_NODE), false);
+      return;
+    }
     const regionIndex = runtime.regionIndex(region);
-    if (turn >= 0 || regionIndex >= 0) placeClient(ranking, count, pin, turn, runtime.regionOf, regionIndex, route.policy, route.turns);
+    if (turn >= 0 || regionIndex >= 0) placeClient(ranking, count, pin, turn, runtime.regionOf, regionIndex, route.policy, route.turns, runtime.nodeKeys);
     if (pin >= 0) {
       // A routable node past the candidates held goes in front of them (the last drops out).
       const pinned = pinFirst(ranking, count, pin, runtime.view.weights[pin]! > 0);
