@@ -14,10 +14,15 @@ export class LakefrontError extends Error {
   }
 }
 
-/** A configuration value that cannot be used. `message` is one line naming the value. */
+/**
+ * A configuration value that cannot be used. `message` is one line naming the value: a control
+ * or format character in it (a line break inside a JSON string in a configuration file, named in
+ * the message as a cluster, preset, policy or setting) is written as its `\u` escape, so that
+ * no value can break the line or rewrite what a terminal shows.
+ */
 export class ConfigError extends LakefrontError {
   constructor(message: string) {
-    super('LF_ERR_CONFIG', 500, message);
+    super('LF_ERR_CONFIG', 500, oneLine(message));
     this.name = 'ConfigError';
   }
 }
@@ -173,6 +178,10 @@ export function jsonErrorAt(text: string): number {
  * the operator's terminal or log as they are).
  */
 export function quoted(value: unknown): string {
-  const json = JSON.stringify(value) ?? String(value);
-  return json.replace(/[\p{Cc}\p{Cf}]/gu, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  return oneLine(JSON.stringify(value) ?? String(value));
+}
+
+/** `text` with each control or format character written as its `\u` escape. */
+function oneLine(text: string): string {
+  return text.replace(/[\p{Cc}\p{Cf}]/gu, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
 }

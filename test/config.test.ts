@@ -84,6 +84,8 @@ describe('flags and environment', () => {
     ['a hedge budget in binary, from the environment', ['--nodes', 'a=http://127.0.0.1:1'], { LAKEFRONT_HEDGE_BUDGET_PERCENT: '0b1010' }, /^LAKEFRONT_HEDGE_BUDGET_PERCENT: not a decimal number: "0b1010"$/],
     ['a hedge percentile with an exponent', ['--hedge-percentile', '.5e2', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-percentile: not a decimal number/],
     ['a hedge percentile with a trailing point', ['--hedge-percentile', '5.', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-percentile: not a decimal number/],
+    // A fraction written without its leading 0: parseArgs alone calls it ambiguous, naming no value.
+    ['a negative hedge budget written as a bare fraction', ['--hedge-budget-percent', '-.5', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--hedge-budget-percent: -\.5 is out of range 0\.\.100$/],
     // Past 2^53 the number read is not the one written: the line shows what was given.
     ['a thread count past 2^53', ['--threads', '9007199254740993', '--nodes', 'a=http://127.0.0.1:1'], {}, /^--threads: 9007199254740993 is out of range 1\.\.256$/],
   ];
@@ -271,6 +273,32 @@ describe('configuration file', () => {
   ];
   for (const [name, raw, pattern] of bad) {
     it(`rejects ${name}`, () => assert.throws(() => parseFileConfig(raw, 'lf.json'), pattern));
+  }
+});
+
+describe('configuration file errors', () => {
+  const good = {
+    port: 0,
+    clusters: [{ name: 'boards', nodes: 'a=http://127.0.0.1:1' }],
+    routes: [{ path: '/rpc/*', cluster: 'boards', keyHeader: 'x-b' }],
+  };
+  // JSON strings may carry line breaks and terminal escapes (`"ri\nng"`): the file's own values,
+  // named in the line, must not break it in two (README: one line naming it).
+  const broken: [string, unknown, RegExp][] = [
+    ['a policy with a line break', { ...good, routes: [{ ...good.routes[0], policy: 'ri\nng' }] }, /routes\[0\]\.policy: unknown policy "ri\\u000ang"/],
+    ['a cluster name with a line break', { ...good, routes: [{ ...good.routes[0], cluster: 'b\nc' }] }, /routes\[0\]\.cluster: unknown cluster "b\\u000ac"/],
+    ['a preset with a line break', { ...good, clusters: [{ ...good.clusters[0], preset: 'et\ncd' }] }, /clusters\[0\]\.preset: unknown preset "et\\u000acd"/],
+    ['an unknown setting with a line break', { ...good, routes: [{ ...good.routes[0], 'bo\ngus': 1 }] }, /routes\[0\]\.bo\\u000agus: unknown setting/],
+    ['a duplicate cluster with a terminal escape', { ...good, clusters: [{ name: 'x\x1b[2J', nodes: 'a=http://127.0.0.1:1' }, { name: 'x\x1b[2J', nodes: 'b=http://127.0.0.1:2' }] }, /clusters\[1\]\.name: duplicate cluster "x\\u001b\[2J"/],
+  ];
+  for (const [name, raw, pattern] of broken) {
+    it(`names ${name} on one line, the character escaped`, () => {
+      assert.throws(() => parseFileConfig(raw, 'lf.json'), (err: Error) => {
+        assert.match(err.message, pattern);
+        assert.doesNotMatch(err.message, /[\p{Cc}\p{Cf}]/u);
+        return true;
+      });
+    });
   }
 });
 

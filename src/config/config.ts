@@ -172,13 +172,13 @@ export function parseCommand(argv: readonly string[], env: NodeJS.ProcessEnv): C
     version: { type: 'boolean' },
   };
   for (const option of OPTIONS) options[option.flag] = { type: 'string' };
-  // `--threads -1`: parseArgs calls a value that starts with '-' ambiguous without naming it;
-  // taken as the flag's value, the range check names it.
+  // `--threads -1`, `--hedge-budget-percent -.5`: parseArgs calls a value that starts with '-'
+  // ambiguous without naming it; taken as the flag's value, the range check names it.
   const args: string[] = [];
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
     const next = argv[i + 1];
-    if (arg.startsWith('--') && options[arg.slice(2)]?.type === 'string' && next !== undefined && /^-\d/.test(next)) {
+    if (arg.startsWith('--') && options[arg.slice(2)]?.type === 'string' && next !== undefined && /^-\.?\d/.test(next)) {
       args.push(`${arg}=${next}`);
       i++;
     } else args.push(arg);
