@@ -202,6 +202,52 @@ describe('access log writer', () => {
     assert.deepEqual(lines, ['{"los', '{"after":1}', '{"after":2}', '']);
   });
 
+  it('a reopened file (log rotation after a torn write) starts with a whole line, not a blank one', async () => {
+    const file = join(dir, 'torn-rotated.log');
+    const errors: string[] = [];
+    const fs = createRequire(import.meta.url)('node:fs') as typeof import('node:fs');
+    const realWrite = fs.write;
+    let calls = 0;
+    let failed!: () => void;
+    const refused = new Promise<void>((resolve) => (failed = resolve));
+    const patched = ((fd: number, buffer: Buffer, offset: number, length: number, position: null, callback: (err: NodeJS.ErrnoException | null, written: number) => void): void => {
+      calls++;
+      if (calls === 1) {
+        const written = fs.writeSync(fd, buffer, offset, 5);
+        setImmediate(() => callback(null, written));
+        return;
+      }
+      if (calls === 2) {
+        const err = Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' }) as NodeJS.ErrnoException;
+        setImmediate(() => {
+          callback(err, 0);
+          failed();
+        });
+        return;
+      }
+      realWrite(fd, buffer, offset, length, position, callback);
+    }) as unknown as typeof fs.write;
+    (fs as { write: typeof fs.write }).write = patched;
+    syncBuiltinESMExports();
+    try {
+      const log = new AccessLog(file, (m) => errors.push(m));
+      log.add('{"lost":1}');
+      const hold = setInterval(() => undefined, 1_000);
+      await refused;
+      clearInterval(hold);
+      // logrotate moves the file with the torn line; SIGUSR1 opens a fresh one.
+      renameSync(file, `${file}.1`);
+      log.reopen();
+      log.add('{"after":1}');
+      await log.close();
+    } finally {
+      (fs as { write: typeof fs.write }).write = realWrite;
+      syncBuiltinESMExports();
+    }
+    assert.equal(readFileSync(`${file}.1`, 'utf8'), '{"los');
+    assert.equal(readFileSync(file, 'utf8'), '{"after":1}\n');
+  });
+
   it('escapes every character past ASCII, so a line has as many bytes as characters', () => {
     const json = asciiJson('/caf\u00e9/\u{1f600}"\n');
     assert.equal(json, '"/caf\\u00e9/\\ud83d\\ude00\\"\\n"');

@@ -2058,6 +2058,30 @@ describe('front door: start-up', () => {
     }
   });
 
+  it('/stats requests never goes back: a chunked body refused while it comes stays counted (in rejected too)', async () => {
+    const nodes = await startNodes('sd-a');
+    const door = await FrontDoor.start(doorConfig(nodes, { maxBodyBytes: 16 }, { threads: 1 }));
+    const stats = async (): Promise<{ requests: number; rejected: number }> => (await call(`${door.url}/stats`)).json();
+    const socket = connect(door.port, '127.0.0.1');
+    try {
+      await once(socket, 'connect');
+      socket.on('data', () => undefined);
+      socket.write('POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: sd\r\ntransfer-encoding: chunked\r\n\r\n4\r\nabcd\r\n');
+      // Counted once it reached routing (the workers' counts reach /stats within 100 ms).
+      let before = await stats();
+      while (before.requests === 0) before = await stats();
+      socket.write(`20\r\n${'x'.repeat(32)}\r\n0\r\n\r\n`);
+      let after = await stats();
+      while (after.rejected === 0) after = await stats();
+      // Before: 1 then 0 (taken back when the body was refused).
+      assert.deepEqual([before.requests, after.requests, after.rejected], [1, 1, 1]);
+    } finally {
+      socket.destroy();
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
   it("says connection: close, once, on its own answers too (refusals, its endpoints) to a client that asked for it, closes, and does neither for others", async () => {
     const nodes = await startNodes('cc-b');
     const door = await FrontDoor.start(doorConfig(nodes, { maxBodyBytes: 16 }));

@@ -352,6 +352,27 @@ describe('h1 client', () => {
     }
   });
 
+  it('refuses a head over 64 KiB of an answer without a body too, and blames no request behind it', async () => {
+    // A 204 (no body) whose head is about 100 KiB, completing in a later read: refused as the
+    // one with a body is, not relayed; a read pipelined behind it is sent again, not failed.
+    let n = 0;
+    const { server, pool } = await setup(
+      (req) => {
+        if (n++ === 0) req.socket.write(`HTTP/1.1 204 No Content\r\nx-big: ${'a'.repeat(100_000)}\r\n\r\n`);
+        else req.socket.write(echoPath(req));
+      },
+      { connections: 1, pipelining: 2 },
+    );
+    try {
+      const [big, behind] = await Promise.all([send(pool, request('GET', '/big')), send(pool, request('GET', '/behind'))]);
+      assert.equal(big.error?.code, H1Codes.BAD_RESPONSE, `the 204 with a 100 KiB head: ${big.status ?? big.error?.code}`);
+      assert.equal(behind.body, '/behind', `the read behind it: ${behind.error?.message ?? behind.body}`);
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
   it('reports a HEAD answer\'s repeated content-length line once (relayed twice, clients refuse it)', async () => {
     const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\n'));
     try {

@@ -973,6 +973,15 @@ describe('replicated route through the front door', () => {
     assert.equal((await call(`${door.url}/route?board=x&route=/nope/*`)).status, 404);
   });
 
+  it('/route names the replicas of a key over 1,024 characters on a route keyed by path, as a request carries it', async () => {
+    const long = `/kv/${'k'.repeat(1_100)}`;
+    const put = await call(`${door.url}${long}`, { method: 'PUT', body: 'v' });
+    assert.equal(put.status, 204, 'the request with that key is taken');
+    const reply = await call(`${door.url}/route?board=${encodeURIComponent(long)}&route=${encodeURIComponent('/kv/*')}`);
+    assert.equal(reply.status, 200, reply.text);
+    assert.deepEqual(reply.json<{ replicas: { id: string }[] }>().replicas.map((r) => r.id), preference(ids, long).slice(0, 3));
+  });
+
   it('a deletion is a versioned write too: the key reads 404 after it', async () => {
     await call(`${door.url}/kv/gone`, { method: 'PUT', body: 'x' });
     const del = await call(`${door.url}/kv/gone`, { method: 'DELETE' });

@@ -538,12 +538,6 @@ class H1Connection {
             return;
           }
           if (next === HEAD_DONE) return;
-          // A head that completes in a later read is held to the limit too (the check above sees
-          // only what has come so far, up to a read's 64 KiB).
-          if (next - at > MAX_HEAD_BYTES) {
-            this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'response head too large'));
-            return;
-          }
           at = next;
           if (this.pending !== p) break;
           if (this.phase !== Phase.Head) this.lastActivity = coarseNow;
@@ -794,6 +788,13 @@ class H1Connection {
       }
       if (relay) fields.push(line, colon, vs, ve);
       line = j + 2;
+    }
+    // A head that completes in a later read is held to the limit too (onData's check sees only
+    // what has come so far, up to a read's 64 KiB). Here, before an answer without a body is
+    // completed: after, the answer would be relayed and the request behind it failed instead.
+    if (headEnd - start > MAX_HEAD_BYTES) {
+      this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'response head too large'));
+      return HEAD_DONE;
     }
     if (hopNames !== null) fields.dropNamed(hopNames);
     if (status < 200 && status !== 101) {

@@ -309,6 +309,8 @@ export class AccessLog {
     }
     const old = this.fd;
     this.fd = fd;
+    // A torn line stays in the file it tore: the new one starts with a whole line.
+    this.torn = false;
     this.regular = fstatSync(fd).isFile();
     // (A batch filled before is written as it is.)
     this.batchBytes = this.regular ? FILE_BATCH_BYTES : PIPE_BATCH_BYTES;

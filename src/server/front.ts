@@ -486,9 +486,6 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
 
   private reject(status: number, body: string, close: boolean): void {
     this.answered = true;
-    // Refused while its body came (too large, or the front door stopping): counted as rejected,
-    // as the same refusal of a declared length is, and not also as a request that was proxied.
-    this.front.slot.drop(C_REQUESTS);
     if (this.asked !== CLOSE_NOT_ASKED) this.front.closeAsked(this.res, this.asked);
     this.front.refuse(this.res, status, body, close, null, this.method === 'HEAD', this.arrival);
     this.finish();
@@ -497,7 +494,6 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
   /** Its body came framed otherwise than it said: the connection is closed unanswered (framing.ts). */
   private dropFraming(): void {
     this.answered = true;
-    this.front.slot.drop(C_REQUESTS);
     this.front.dropFraming(this.res, this.arrival);
     this.finish();
   }
@@ -528,8 +524,8 @@ function parseLength(text: string): number {
 }
 
 /**
- * A query string's parameters (the first of each name), percent-decoded as a form's (`+` is a
- * space), or why it cannot be: a malformed escape (`%ZZ`, a lone `%`, bytes that are not UTF-8).
+ * A query string's parameters, percent-decoded as a form's (`+` is a space), or why it cannot be:
+ * a malformed escape (`%ZZ`, a lone `%`, bytes that are not UTF-8), or a name given twice.
  */
 export function parseQuery(raw: string): Map<string, string> | string {
   const params = new Map<string, string>();
@@ -993,16 +989,18 @@ export class WorkerFront implements TunnelHost {
       replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST), this.draining, null, head, this.tookClose(res));
       return;
     }
-    // A key no request may carry is ranked for none: refused as the request would be.
-    if (board.length > MAX_KEY_LENGTH) {
-      replyJson(res, 400, errorBody(`board longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining, null, head, this.tookClose(res));
-      return;
-    }
     const pattern = query.get('route');
     const route = pattern ? this.routes.find((r) => r.spec.pattern === pattern) : clusterName ? this.routes.find((r) => r.runtime.name === clusterName) : this.routes[0];
     if (!route) {
       const what = pattern ? `route "${pattern}"` : `cluster "${clusterName}"`;
       replyJson(res, 404, errorBody(`unknown ${what}`, ErrorCodes.NOT_FOUND), this.draining, null, head, this.tookClose(res));
+      return;
+    }
+    // A key no request may carry is ranked for none: refused as the request would be. Only a key
+    // header is held to MAX_KEY_LENGTH: on a route keyed by path the key is the whole path, as
+    // long as a request line may be.
+    if (route.spec.keyHeader !== null && board.length > MAX_KEY_LENGTH) {
+      replyJson(res, 400, errorBody(`board longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining, null, head, this.tookClose(res));
       return;
     }
     const runtime = route.runtime;
@@ -1275,6 +1273,9 @@ export class WorkerFront implements TunnelHost {
         }
       }
     }
+    // Counted once it reaches routing, never taken back (a rate read from /stats must not see a
+    // count go down): a body refused after this (chunked past --max-body-bytes, framing dropped,
+    // a stop before it came) is counted in rejected too.
     this.slot.bump(C_REQUESTS);
     const request = new ProxyRequest(this, res, route, key, method, path, headers, retryable, op, expected, pinned, renew, region, turn, ticketed);
     if (closes !== CLOSE_NOT_ASKED) {
