@@ -147,12 +147,15 @@ describe('access log writer', () => {
     assert.deepEqual(seen.sort((a, b) => a - b), Array.from({ length: 20_000 }, (_, i) => i));
   });
 
-  it('starts a new line after a write the disk cut short (ENOSPC part way through a batch): no later line is glued to the torn one', async () => {
-    // A full disk (helper-81, on a 64 KiB tmpfs): write(2) takes the part of a batch that fits, and
-    // the next write of the rest fails with ENOSPC. Simulated here: node:fs's write, as the
-    // writer's import of it sees it (syncBuiltinESMExports), takes 5 bytes of the first batch
-    // and fails the next call; the disk has room again after.
-    const file = join(dir, 'torn.log');
+  /**
+   * A full disk (helper-81, on a 64 KiB tmpfs): write(2) takes the part of a batch that fits, and
+   * the next write of the rest fails with ENOSPC. Simulated: node:fs's write, as the writer's
+   * import of it sees it (syncBuiltinESMExports), takes 5 bytes of the first batch and fails the
+   * next call; the disk has room again after. A log is made on `file`, given its first line
+   * ('{"lost":1}'), and handed to `then` once that batch's write has failed; closed after it.
+   * Resolves with the errors the log reported and the calls to write.
+   */
+  async function tornWrite(file: string, then: (log: AccessLog) => void): Promise<{ errors: string[]; calls: number }> {
     const errors: string[] = [];
     // node:fs's own exports (an ESM namespace cannot be assigned to).
     const fs = createRequire(import.meta.url)('node:fs') as typeof import('node:fs');
@@ -187,13 +190,21 @@ describe('access log writer', () => {
       const hold = setInterval(() => undefined, 1_000);
       await refused;
       clearInterval(hold);
-      log.add('{"after":1}');
-      log.add('{"after":2}');
+      then(log);
       await log.close();
     } finally {
       (fs as { write: typeof fs.write }).write = realWrite;
       syncBuiltinESMExports();
     }
+    return { errors, calls };
+  }
+
+  it('starts a new line after a write the disk cut short (ENOSPC part way through a batch): no later line is glued to the torn one', async () => {
+    const file = join(dir, 'torn.log');
+    const { errors, calls } = await tornWrite(file, (log) => {
+      log.add('{"after":1}');
+      log.add('{"after":2}');
+    });
     assert.equal(calls >= 3, true);
     assert.equal(errors.length, 1, errors.join('; '));
     assert.match(errors[0]!, /ENOSPC/);
@@ -204,46 +215,12 @@ describe('access log writer', () => {
 
   it('a reopened file (log rotation after a torn write) starts with a whole line, not a blank one', async () => {
     const file = join(dir, 'torn-rotated.log');
-    const errors: string[] = [];
-    const fs = createRequire(import.meta.url)('node:fs') as typeof import('node:fs');
-    const realWrite = fs.write;
-    let calls = 0;
-    let failed!: () => void;
-    const refused = new Promise<void>((resolve) => (failed = resolve));
-    const patched = ((fd: number, buffer: Buffer, offset: number, length: number, position: null, callback: (err: NodeJS.ErrnoException | null, written: number) => void): void => {
-      calls++;
-      if (calls === 1) {
-        const written = fs.writeSync(fd, buffer, offset, 5);
-        setImmediate(() => callback(null, written));
-        return;
-      }
-      if (calls === 2) {
-        const err = Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' }) as NodeJS.ErrnoException;
-        setImmediate(() => {
-          callback(err, 0);
-          failed();
-        });
-        return;
-      }
-      realWrite(fd, buffer, offset, length, position, callback);
-    }) as unknown as typeof fs.write;
-    (fs as { write: typeof fs.write }).write = patched;
-    syncBuiltinESMExports();
-    try {
-      const log = new AccessLog(file, (m) => errors.push(m));
-      log.add('{"lost":1}');
-      const hold = setInterval(() => undefined, 1_000);
-      await refused;
-      clearInterval(hold);
+    await tornWrite(file, (log) => {
       // logrotate moves the file with the torn line; SIGUSR1 opens a fresh one.
       renameSync(file, `${file}.1`);
       log.reopen();
       log.add('{"after":1}');
-      await log.close();
-    } finally {
-      (fs as { write: typeof fs.write }).write = realWrite;
-      syncBuiltinESMExports();
-    }
+    });
     assert.equal(readFileSync(`${file}.1`, 'utf8'), '{"los');
     assert.equal(readFileSync(file, 'utf8'), '{"after":1}\n');
   });
