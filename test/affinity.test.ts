@@ -683,7 +683,7 @@ describe('tickets that cannot be read one way, and apps across clusters (helper-
   });
 });
 
-describe('spreading clients, and ticket holders placed anew across reloads (helper-74)', () => {
+describe('spreading clients, and ticket holders placed anew across reloads (helper-83)', () => {
   const settings: AffinitySettings = { app: 'boards', header: 'x-lakefront-affinity', ttlSeconds: 3600, generation: 1, keys: ['k'.repeat(40)] };
   const book = new TicketBook(settings);
 
@@ -700,6 +700,8 @@ describe('spreading clients, and ticket holders placed anew across reloads (help
           placed.set(node, (placed.get(node) ?? 0) + 1);
           const again = await call(`${door.url}/live/lease`, { headers: { 'x-lakefront-affinity': String(first.headers['x-lakefront-affinity']) } });
           assert.equal(again.headers['x-lakefront-served-by'], node);
+          // A look at the ranking takes no turn either.
+          assert.equal((await call(`${door.url}/route?board=any&route=${encodeURIComponent('/live/*')}`)).status, 200);
         }
         assert.deepEqual([...placed.values()], [10, 10], `placed: ${JSON.stringify([...placed])}`);
       } finally {

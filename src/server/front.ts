@@ -1004,7 +1004,8 @@ export class WorkerFront implements TunnelHost {
       return;
     }
     const runtime = route.runtime;
-    const n = route.policy.pick(board, OP_READ, this.rankScratch);
+    // A look, not a request: a rotating policy's turn is not taken (the next request's is shown).
+    const n = route.policy.pick(board, OP_READ, this.rankScratch, false);
     const ranking = [];
     for (let i = 0; i < n; i++) {
       const node = this.rankScratch[i]!;
