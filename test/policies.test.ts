@@ -387,7 +387,7 @@ describe('placing a ticket holder anew on boltzmann and hybrid (placeClient by t
   function sibling(policy: Policy, turn: number, size: number): number {
     const out = new Int32Array(size);
     const count = policy.pick('', OP_READ, out);
-    placeClient(out, count, 0, turn, new Int32Array(size), -1, policy, new Int32Array(1));
+    placeClient(out, count, 0, turn, new Int32Array(size), -1, policy, new Int32Array(1), Int32Array.from({ length: size }, (_, i) => i));
     // Its own node, where still routable, is tried first (pinFirst); the sibling is the first other.
     return Array.from(out.subarray(0, count)).find((n) => n !== 0)!;
   }

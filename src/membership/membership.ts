@@ -385,8 +385,11 @@ export class Membership extends EventEmitter {
   }
 }
 
-/** The longest delay a Node timer takes: a longer one fires after 1 ms (a poll loop then spins). */
-const MAX_TIMER_MS = 2 ** 31 - 1;
+/**
+ * The longest delay a Node timer takes: a longer one (or Infinity) fires after 1 ms (a poll loop
+ * then spins; a timeout or hedge delay past it would time out or hedge every request at once).
+ */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
 
 function positive(value: number | undefined, fallback: number, name: string): number {
   if (value === undefined) return fallback;

@@ -9,12 +9,8 @@
  */
 import { performance } from 'node:perf_hooks';
 import type { PolicySettings } from '../server/protocol.js';
-import { returned, routable, type ClusterView, type Policy } from './types.js';
+import { failureSampleMs, returned, routable, type ClusterView, type Policy } from './types.js';
 
-/** A failed attempt counts as at least this slow. */
-const FAILURE_PENALTY_MS = 100;
-/** The doubling of a failure's penalty stops here (see hybrid.ts). */
-const MAX_FAILURE_PENALTY_MS = 10_000;
 /** Probability factor for a member past MAX_FAILURES consecutive failures. */
 const NEAR_ZERO = 1e-6;
 const MAX_FAILURES = 3;
@@ -104,7 +100,7 @@ export class BoltzmannPolicy implements Policy {
     if (ok) this.failures[node] = 0;
     else {
       this.failures[node]!++;
-      sample = Math.max(FAILURE_PENALTY_MS, Number.isNaN(previous) ? 0 : Math.min(previous * 2, MAX_FAILURE_PENALTY_MS), latencyMs);
+      sample = failureSampleMs(previous, latencyMs);
     }
     this.ewmaMs[node] = Number.isNaN(previous) ? sample : alpha * sample + (1 - alpha) * previous;
     this.recompute();

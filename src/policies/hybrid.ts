@@ -13,20 +13,12 @@
  */
 import { performance } from 'node:perf_hooks';
 import { OP_WRITE, type PolicySettings } from '../server/protocol.js';
-import { returned, rotateInto, routable, type ClusterView, type Policy } from './types.js';
+import { failureSampleMs, returned, rotateInto, routable, type ClusterView, type Policy } from './types.js';
 
 /** Read samples a member needs before it can be judged an outlier. */
 const MIN_SAMPLES = 5;
 /** An ejected member rejoins the read pool below this share of the ejection limit. */
 const REJOIN = 0.75;
-/** A failed read counts as at least this slow. */
-const FAILURE_PENALTY_MS = 100;
-/**
- * The doubling of a failed read's penalty stops here: uncapped, each failure multiplied the EWMA
- * by 1.3, so a member that failed for a while needed about 0.74 good probes for every failed one
- * to rejoin, and after about 2,700 failures the EWMA was Infinity and it never rejoined.
- */
-const MAX_FAILURE_PENALTY_MS = 10_000;
 
 export class HybridPolicy implements Policy {
   readonly name = 'hybrid';
@@ -158,7 +150,7 @@ export class HybridPolicy implements Policy {
     // measured the outage, which the member was forgiven on its return.
     if (startedAt !== undefined && startedAt < this.backAt[node]!) return;
     const previous = this.readEwmaMs[node]!;
-    const sample = ok ? latencyMs : Math.max(FAILURE_PENALTY_MS, latencyMs, Number.isNaN(previous) ? 0 : Math.min(previous * 2, MAX_FAILURE_PENALTY_MS));
+    const sample = ok ? latencyMs : failureSampleMs(previous, latencyMs);
     this.readEwmaMs[node] = Number.isNaN(previous) ? sample : this.settings.ewmaAlpha * sample + (1 - this.settings.ewmaAlpha) * previous;
     this.readSamples[node]!++;
     this.judge(node);

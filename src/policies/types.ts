@@ -161,6 +161,24 @@ function placeableFirst(candidates: Int32Array, count: number, policy: Policy, o
   return front;
 }
 
+/** A failed attempt counts as at least this slow (hybrid's reads, boltzmann's attempts). */
+const FAILURE_PENALTY_MS = 100;
+/**
+ * The doubling of a failure's penalty stops here: uncapped, each failure multiplied the EWMA by
+ * 1.3, so a member that failed for a while needed about 0.74 good probes for every failed one to
+ * rejoin, and after about 2,700 failures the EWMA was Infinity and it never rejoined.
+ */
+const MAX_FAILURE_PENALTY_MS = 10_000;
+
+/**
+ * The sample a failed attempt gives a member's latency EWMA (`previous`, NaN while unmeasured):
+ * its own time, at least FAILURE_PENALTY_MS, and twice the estimate so far, up to
+ * MAX_FAILURE_PENALTY_MS (failures in a row push the member out fast, and not for ever).
+ */
+export function failureSampleMs(previous: number, latencyMs: number): number {
+  return Math.max(FAILURE_PENALTY_MS, latencyMs, Number.isNaN(previous) ? 0 : Math.min(previous * 2, MAX_FAILURE_PENALTY_MS));
+}
+
 /**
  * A client's turn and a node, mixed (murmur3's finalizer): each node's score for that client.
  * `node` is a key of the node's own (a hash of its id), not its place in the cluster: a reload
@@ -173,17 +191,13 @@ function turnScore(turn: number, node: number): number {
   return (h ^ (h >>> 16)) >>> 0;
 }
 
-/** Orders candidates[0 .. count) by their score for `turn`, highest first (rendezvous); `keys`: each node's key (else its index). */
-function byTurnScore(candidates: Int32Array, count: number, turn: number, keys: Int32Array | null): void {
+/** Orders candidates[0 .. count) by their score for `turn`, highest first (rendezvous); `keys`: each node's key. */
+function byTurnScore(candidates: Int32Array, count: number, turn: number, keys: Int32Array): void {
   for (let i = 1; i < count; i++) {
     const node = candidates[i]!;
-    const score = turnScore(turn, keys === null ? node : keys[node]!);
+    const score = turnScore(turn, keys[node]!);
     let j = i;
-    for (; j > 0; j--) {
-      const before = candidates[j - 1]!;
-      if (turnScore(turn, keys === null ? before : keys[before]!) >= score) break;
-      candidates[j] = before;
-    }
+    for (; j > 0 && turnScore(turn, keys[candidates[j - 1]!]!) < score; j--) candidates[j] = candidates[j - 1]!;
     candidates[j] = node;
   }
 }
@@ -224,7 +238,7 @@ function setAside(candidates: Int32Array, count: number, node: number): number {
  * turn, or in the route's (`regionTurn`) when it has none. `nodeKeys`: a key per node that a
  * reload does not change (ClusterRuntime.nodeKeys, a hash of its id), for the scores.
  */
-export function placeClient(candidates: Int32Array, count: number, own: number, turn: number, regionOf: Int32Array, region: number, policy: Policy, turns: Int32Array, nodeKeys: Int32Array | null = null): void {
+export function placeClient(candidates: Int32Array, count: number, own: number, turn: number, regionOf: Int32Array, region: number, policy: Policy, turns: Int32Array, nodeKeys: Int32Array): void {
   let ordered = count;
   const byScore = policy.placeable !== undefined;
   if (turn >= 0) {

@@ -11,18 +11,13 @@ import { rank, type NodeInfo } from '../hashing/rendezvous.js';
 import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDriver } from '../forward/exchange.js';
 import { HedgeBudget } from '../forward/budget.js';
 import { LatencyWindow } from '../forward/latency.js';
-import type { Membership } from '../membership/membership.js';
+import { MAX_TIMER_MS, type Membership } from '../membership/membership.js';
 import { C_FAILOVERS, C_HEDGES, C_HEDGES_DENIED, C_HEDGE_WINS, C_REQUESTS, type CounterSlot } from '../metrics/counters.js';
 
 export const DEFAULT_HEDGE_DELAY_MS = 250;
 export const DEFAULT_HEDGE_PERCENTILE = 95;
 export const DEFAULT_REQUEST_TIMEOUT_MS = 10_000;
 export const DEFAULT_HEDGE_BUDGET_PERCENT = 5;
-/**
- * The longest delay a Node timer takes: a longer one (or Infinity) fires after 1 ms, so a
- * timeout or hedge delay past it would time out or hedge every request at once.
- */
-export const MAX_TIMER_MS = 2 ** 31 - 1;
 
 export interface RouterOptions {
   readonly membership: Membership;
