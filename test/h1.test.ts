@@ -606,6 +606,30 @@ describe('h1 client', () => {
     server.close();
   });
 
+  it('does not write a request into an idle connection the node has ended: its FIN read, its close still to come', async () => {
+    // A node that closes idle connections sooner than the pool does (no keep-alive hint). Once
+    // its FIN is read the socket is ended ('end'), but it closes only after our side's shutdown,
+    // a poll or more later; a request written in between meets EPIPE having sent nothing, and a
+    // bare write was answered as an unknown outcome (502) though it never left.
+    const { server, pool } = await setup();
+    try {
+      assert.equal((await send(pool, request('GET', '/first'))).status, 200);
+      const [conn] = (pool as unknown as { all: Set<{ socket: Socket }> }).all;
+      // Idle now: past the poll after its answer.
+      await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
+      const ended = once(conn!.socket, 'end');
+      server.requests[0]!.socket.end();
+      await ended;
+      assert.equal(conn!.socket.destroyed, false, 'not closed yet: the window this test is about');
+      const post = await send(pool, request('POST', '/write', [], '{}'));
+      assert.equal(post.status, 200, `${post.error?.code}: ${post.error?.message}`);
+      assert.deepEqual(seen(server), ['1 /first', '2 /write'], 'the write went once, on a fresh connection');
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
   it('sends a safe request once more on a fresh connection when a kept-alive one turns out closed, never a write', async () => {
     // Each connection answers its first request; the second on it meets a close, as when the
     // node's idle timeout crosses the write (or a reset: both ways).

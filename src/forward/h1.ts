@@ -1153,7 +1153,16 @@ export class H1Pool {
   private takeIdle(): H1Connection | null {
     while (this.idle.length > 0) {
       const conn = this.idle.pop()!;
-      if (!conn.closed) return conn;
+      if (conn.closed) continue;
+      // The node ended it while idle: its FIN was read ('end'), and the socket closes only once
+      // our side's shutdown is done, a poll or more later. Written now, a request would meet
+      // EPIPE with nothing sent (a bare write answered 502, outcome unknown). Closed instead,
+      // as `resume` does; its room goes to the queue first.
+      if (conn.socket.readableEnded || conn.socket.destroyed) {
+        conn.destroy(new H1Error(H1Codes.CLOSED, 'upstream closed the connection'));
+        continue;
+      }
+      return conn;
     }
     return null;
   }
