@@ -2082,6 +2082,27 @@ describe('front door: start-up', () => {
     }
   });
 
+  it('/stats rejected counts its own endpoints\' refusals: a /route 400 or 404 as a /health 405', async () => {
+    const nodes = await startNodes('sr-a');
+    const door = await FrontDoor.start(doorConfig(nodes, {}, { threads: 1 }));
+    try {
+      assert.equal((await call(`${door.url}/route`)).status, 400);
+      assert.equal((await call(`${door.url}/route?board=b&route=/nope`)).status, 404);
+      assert.equal((await call(`${door.url}/route?board=${'k'.repeat(1025)}`)).status, 400);
+      assert.equal((await call(`${door.url}/route?board=b`)).status, 200);
+      // Last, the one refusal counted before: one thread's counts reach /stats together, so once
+      // it shows, the /route answers before it have too.
+      assert.equal((await call(`${door.url}/health`, { method: 'POST' })).status, 405);
+      let stats = (await call(`${door.url}/stats`)).json<{ rejected: number }>();
+      while (stats.rejected === 0) stats = (await call(`${door.url}/stats`)).json();
+      // Before: 1 (the 405 alone).
+      assert.equal(stats.rejected, 4);
+    } finally {
+      await door.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+  });
+
   it("says connection: close, once, on its own answers too (refusals, its endpoints) to a client that asked for it, closes, and does neither for others", async () => {
     const nodes = await startNodes('cc-b');
     const door = await FrontDoor.start(doorConfig(nodes, { maxBodyBytes: 16 }));

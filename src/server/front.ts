@@ -980,27 +980,27 @@ export class WorkerFront implements TunnelHost {
     // other board, and would answer for it.
     const query = parseQuery(req.getQuery() ?? '');
     if (typeof query === 'string') {
-      replyJson(res, 400, errorBody(query, ErrorCodes.BAD_REQUEST), this.draining, null, head, this.tookClose(res));
+      this.refuse(res, 400, errorBody(query, ErrorCodes.BAD_REQUEST), this.draining, null, head);
       return;
     }
     const board = query.get('board');
     const clusterName = query.get('cluster');
     if (!board) {
-      replyJson(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST), this.draining, null, head, this.tookClose(res));
+      this.refuse(res, 400, errorBody('missing query parameter "board"', ErrorCodes.BAD_REQUEST), this.draining, null, head);
       return;
     }
     const pattern = query.get('route');
     const route = pattern ? this.routes.find((r) => r.spec.pattern === pattern) : clusterName ? this.routes.find((r) => r.runtime.name === clusterName) : this.routes[0];
     if (!route) {
       const what = pattern ? `route "${pattern}"` : `cluster "${clusterName}"`;
-      replyJson(res, 404, errorBody(`unknown ${what}`, ErrorCodes.NOT_FOUND), this.draining, null, head, this.tookClose(res));
+      this.refuse(res, 404, errorBody(`unknown ${what}`, ErrorCodes.NOT_FOUND), this.draining, null, head);
       return;
     }
     // A key no request may carry is ranked for none: refused as the request would be. Only a key
     // header is held to MAX_KEY_LENGTH: on a route keyed by path the key is the whole path, as
     // long as a request line may be.
     if (route.spec.keyHeader !== null && board.length > MAX_KEY_LENGTH) {
-      replyJson(res, 400, errorBody(`board longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining, null, head, this.tookClose(res));
+      this.refuse(res, 400, errorBody(`board longer than ${MAX_KEY_LENGTH} characters`, ErrorCodes.BAD_REQUEST), this.draining, null, head);
       return;
     }
     const runtime = route.runtime;
