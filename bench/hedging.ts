@@ -73,6 +73,8 @@ interface Row {
   /** Requests that came due for a hedge and got none (the budget), in % of those served. */
   deniedPct: number;
   rps: number;
+  /** Requests not answered 2xx (their latencies are in the percentiles too). */
+  failed: number;
   lateP50: number;
   lateP99: number;
 }
@@ -114,6 +116,7 @@ async function main(): Promise<void> {
           hedgeWinPct: ((after.hedgeWins - before.hedgeWins) / served) * 100,
           deniedPct: ((after.hedgesDenied - before.hedgesDenied) / served) * 100,
           rps: result.ok / seconds,
+          failed: result.failed,
           lateP50: result.lateP50Us,
           lateP99: result.lateP99Us,
         };
@@ -149,6 +152,7 @@ function report(rows: Record<string, Row[]>): void {
       `${fmt(base / p99, 1)}x`,
       `${fmt(median(samples.map((s) => s.extraPct)), 2)}% (${fmt(loX, 2)}-${fmt(hiX, 2)}%)`,
       `${fmt(median(samples.map((s) => s.hedgeWinPct)), 2)}%`,
+      String(samples.reduce((n, s) => n + s.failed, 0)),
     ]);
   }
   const command = `node dist/bench/hedging.js ${process.argv.slice(2).join(' ')}`.trim();
@@ -162,9 +166,9 @@ function report(rows: Record<string, Row[]>): void {
       : `the schedule kept by a 1 ms timer; requests left ${fmt(median(all.map((r) => r.lateP50)))} us late at the median, ${fmt(median(all.map((r) => r.lateP99)))} at p99, and that is in their latency`;
   const body = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
-    `Command: \`${command}\`. Three upstream nodes; each request stalls ${stallMs} ms with probability ${stallP * 100}%. Lakefront at 2 threads per mode; open-loop load of ${rate} req/s (bench/lib/openloop.ts: fixed schedule, latency from each request's scheduled time; ${pacing}) of GET \`/rpc/query.execute\` (retryable) over 1,024 boards, ${seconds} s per run, ${repeats} interleaved repeats, medians (spread min-max). Extra upstream requests: what the nodes received (their own count) beyond the client requests answered.`,
+    `Command: \`${command}\`. Three upstream nodes; each request stalls ${stallMs} ms with probability ${stallP * 100}%. Lakefront at 2 threads per mode; open-loop load of ${rate} req/s (bench/lib/openloop.ts: fixed schedule, latency from each request's scheduled time; ${pacing}) of GET \`/rpc/query.execute\` (retryable) over 1,024 boards, ${seconds} s per run, ${repeats} interleaved repeats, medians (spread min-max). Extra upstream requests: what the nodes received (their own count) beyond the client requests answered. Failed: requests of all runs not answered 2xx (a connection error, a timeout or another status; their latencies are in the percentiles).`,
     '',
-    table(['mode', 'p50 us', 'p99 us', 'p99.9 us', 'p99 cut vs none', 'extra upstream requests', 'answered by the hedge'], lines),
+    table(['mode', 'p50 us', 'p99 us', 'p99.9 us', 'p99 cut vs none', 'extra upstream requests', 'answered by the hedge', 'failed'], lines),
   ].join('\n');
   process.stdout.write(`\n${body}\n`);
   if (values['no-write']) return;

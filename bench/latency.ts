@@ -61,7 +61,7 @@ for (const name of workloadNames) if (!WORKLOADS[name]) throw new Error(`--workl
 
 const pacer = pacerFor(values.pacer, 'latency');
 
-/** A run's latencies, and the contender's process CPU over the requests sent (NaN for `direct`). */
+/** A run's latencies, and the contender's process CPU over the requests served, 2xx (NaN for `direct`). */
 interface Sample extends OpenLoopResult {
   readonly cpuUsPerRequest: number;
 }
@@ -96,7 +96,7 @@ async function main(): Promise<void> {
             await pause(300);
             const cpuBefore = c.proc ? totalCpuSeconds(c.proc) : 0;
             const result = await load(c, workload, rate, seconds);
-            const cpuUsPerRequest = c.proc ? ((totalCpuSeconds(c.proc) - cpuBefore) * 1e6) / result.sent : Number.NaN;
+            const cpuUsPerRequest = c.proc ? ((totalCpuSeconds(c.proc) - cpuBefore) * 1e6) / result.ok : Number.NaN;
             (results[key]![c.name] ??= []).push({ ...result, cpuUsPerRequest });
             process.stdout.write(
               `${key.padEnd(22)} ${c.name.padEnd(14)} run ${r + 1}/${repeats}: p50 ${fmt(result.p50Us)} us  p99 ${fmt(result.p99Us)} us  p99.9 ${fmt(result.p999Us)} us  cpu ${fmt(cpuUsPerRequest, 1)} us/req  failed ${result.failed}  sent late p50 ${fmt(result.lateP50Us)} us p99 ${fmt(result.lateP99Us)} us\n`,
@@ -142,7 +142,7 @@ function report(results: Record<string, Record<string, Sample[]>>, skipped: stri
   const command = `node dist/bench/latency.js ${process.argv.slice(2).join(' ')}`.trim();
   const body = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
-    `Command: \`${command}\`. Open-loop load (fixed schedule, latency from each request's due time) from ${pacer === 'native' ? 'the C generator (bench/native/openloop.c)' : `Node (\`--pacer ${pacer}\`)`}: requests left ${fmt(median(all.map((r) => r.lateP50Us)))} us late at the median, ${fmt(median(all.map((r) => r.lateP99Us)))} at p99 (medians over runs), in their latency. Three upstream nodes, boards over 1,024 keys, ${seconds} s per run after a 2 s warm-up, ${repeats} interleaved repeats, medians (runs: min-max). Added: the contender's median less the upstream's own (\`direct\`). CPU us/req: the contender's process CPU (all threads, all processes) over the requests sent, at this rate.${skipped.length > 0 ? ` Skipped: ${skipped.join('; ')}.` : ''}`,
+    `Command: \`${command}\`. Open-loop load (fixed schedule, latency from each request's due time) from ${pacer === 'native' ? 'the C generator (bench/native/openloop.c)' : `Node (\`--pacer ${pacer}\`)`}: requests left ${fmt(median(all.map((r) => r.lateP50Us)))} us late at the median, ${fmt(median(all.map((r) => r.lateP99Us)))} at p99 (medians over runs), in their latency. Three upstream nodes, boards over 1,024 keys, ${seconds} s per run after a 2 s warm-up, ${repeats} interleaved repeats, medians (runs: min-max). Added: the contender's median less the upstream's own (\`direct\`). CPU us/req: the contender's process CPU (all threads, all processes) over the requests served (2xx), at this rate.${skipped.length > 0 ? ` Skipped: ${skipped.join('; ')}.` : ''}`,
     '',
     sections.join('\n\n'),
   ].join('\n');

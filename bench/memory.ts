@@ -1,14 +1,16 @@
 /**
  * Memory with idle keep-alive client connections: opens N connections to Lakefront (default
- * 10,000), sends one request on each, keeps them all open, and reads Lakefront's resident memory
- * (every thread) before and after.
+ * 10,000), sends one proxied request on each (a GET each front sends to a node), keeps them all
+ * open, and reads Lakefront's resident memory (every thread) before and after; then the same for
+ * nginx (its master's resident memory and its workers' private pages: bench/lib/procs.ts).
  *
  *   node dist/bench/memory.js [--connections 10000] [--threads 2] [--quick]
  */
-import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { startLakefront, startNginx, startUpstream, type Contender } from './lib/contenders.js';
+import { holdConnections, stillOpen } from './lib/idle.js';
+import { WORKLOADS, warmUp } from './lib/load.js';
 import { ROOT, pause, rssBytes } from './lib/procs.js';
 import { fmt, machine, table, updateSection, writeResult } from './lib/report.js';
 
@@ -24,37 +26,28 @@ const quick = values.quick!;
 const target = Number(values.connections ?? (quick ? 2_000 : 10_000));
 const threads = Number(values.threads);
 
-/** Opens `count` connections, each answered once; resolves with the sockets, all still open. */
-async function holdConnections(url: string, count: number): Promise<Socket[]> {
-  const { port, hostname } = new URL(url);
-  const sockets: Socket[] = [];
-  const request = `GET /health HTTP/1.1\r\nhost: ${hostname}\r\n\r\n`;
-  const batch = 500;
-  for (let i = 0; i < count; i += batch) {
-    const opened = Array.from({ length: Math.min(batch, count - i) }, () => {
-      return new Promise<Socket>((resolve, reject) => {
-        const socket = connect(Number(port), hostname);
-        socket.once('error', reject);
-        socket.once('connect', () => socket.write(request));
-        socket.once('data', () => resolve(socket));
-      });
-    });
-    sockets.push(...(await Promise.all(opened)));
-  }
-  return sockets;
+/**
+ * The request each connection sends: a read every front proxies (a front answering a request of
+ * its own, such as Lakefront's /health, was measured against nginx proxying it), each on a board
+ * of its own, as in the suite.
+ */
+function proxiedRead(hostname: string): (i: number) => string {
+  return (i) => `GET /rpc/query.execute HTTP/1.1\r\nhost: ${hostname}\r\nx-lakefront-board: board-${i}\r\n\r\n`;
 }
 
 async function measure(c: Contender): Promise<{ before: number; after: number; open: number; seconds: number }> {
+  // The proxy path warmed first (compiled, its connections to the nodes open), for both fronts, so
+  // the difference is the idle client connections' and not a first request's.
+  await warmUp(c.url, WORKLOADS.getsmall!, 64, 1);
   await pause(500);
   const before = rssBytes(c.proc!);
   const started = performance.now();
-  const sockets = await holdConnections(c.url, target);
+  const sockets = await holdConnections(c.url, target, proxiedRead(new URL(c.url).hostname));
   const seconds = (performance.now() - started) / 1000;
-  let closed = 0;
-  for (const s of sockets) s.once('close', () => closed++);
   await pause(500);
   const after = rssBytes(c.proc!);
-  const open = sockets.length - closed;
+  // Read from each socket's state now: one the front closed while others were opening counts too.
+  const open = stillOpen(sockets);
   for (const s of sockets) s.destroy();
   return { before, after, open, seconds };
 }
@@ -84,7 +77,7 @@ async function main(): Promise<void> {
   const command = `node dist/bench/memory.js ${process.argv.slice(2).join(' ')}`.trim();
   const body = [
     `Machine: ${info.cpu}, ${info.memory}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
-    `Command: \`${command}\`: ${fmt(target)} client connections, each sends one \`GET /health\` with keep-alive and stays open; resident memory (VmRSS, every thread and process) read 0.5 s after the last answer.`,
+    `Command: \`${command}\`: ${fmt(target)} client connections, each sends one \`GET /rpc/query.execute\` (proxied to a node, its own board) with keep-alive and stays open; resident memory before them read after 1 s of proxied GETs from 64 connections (the proxy path warmed), and with them 0.5 s after the last answer (every thread; for nginx its master's VmRSS and its workers' private pages, so the pages a worker shares with its master count once); still open: connections neither closed nor reset by the front at the reading.`,
     '',
     table(['front', 'RSS before MiB', `RSS with ${fmt(target)} idle connections MiB`, 'bytes per connection', 'still open at reading', 'seconds to open all'], rows),
     ...(skipped.length > 0 ? ['', ...skipped] : []),

@@ -69,7 +69,7 @@ async function main(): Promise<void> {
   const contenders: Contender[] = [];
   const skipped: string[] = [];
   try {
-    await startContenders(contenderNames, upstream, contenders, skipped);
+    await startContenders(contenderNames, upstream, contenders, skipped, { clientConnections: Math.max(...connectionCounts) });
     const results: Record<string, Record<string, Sample[]>> = {};
     if (prewarm > 0) {
       for (const c of contenders) for (const workloadName of workloadNames) await warmUp(c.url, WORKLOADS[workloadName]!, 64, prewarm);
@@ -89,10 +89,11 @@ async function main(): Promise<void> {
             const cpuBefore = c.proc ? totalCpuSeconds(c.proc) : 0;
             const result = generator === 'wrk' ? await runWrk(c.url, workload, connections, seconds) : await runLoad(c.url, workload, connections, seconds);
             const cpuAfter = c.proc ? totalCpuSeconds(c.proc) : 0;
-            const cpuUsPerRequest = c.proc && result.requests > 0 ? ((cpuAfter - cpuBefore) * 1e6) / result.requests : Number.NaN;
+            // Over the requests served (2xx): a failed answer is no request served, however cheap.
+            const cpuUsPerRequest = c.proc && result.ok > 0 ? ((cpuAfter - cpuBefore) * 1e6) / result.ok : Number.NaN;
             results[key]![c.name]!.push({ ...result, cpuUsPerRequest });
             process.stdout.write(
-              `${key.padEnd(16)} ${c.name.padEnd(14)} run ${r + 1}/${repeats}: ${fmt(result.rps).padStart(7)} req/s  p50 ${fmt(result.p50Us)} us  p99 ${fmt(result.p99Us)} us  cpu ${fmt(cpuUsPerRequest, 1)} us/req  non2xx ${result.non2xx} errors ${result.errors}\n`,
+              `${key.padEnd(16)} ${c.name.padEnd(14)} run ${r + 1}/${repeats}: ${fmt(result.rps).padStart(7)} req/s  p50 ${fmt(result.p50Us)} us  p99 ${fmt(result.p99Us)} us  cpu ${fmt(cpuUsPerRequest, 1)} us/req  non2xx ${result.non2xx} errors ${result.errors} timeouts ${result.timeouts}\n`,
             );
           }
         }
@@ -159,7 +160,7 @@ function report(results: Record<string, Record<string, Sample[]>>, contenders: C
   const header = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
     `Command: \`${command}\` (${repeats} interleaved repeats of ${seconds} s per contender and workload, after a one-time ${prewarm} s warm-up on each workload and a 1 s one before each; medians, spread = min-max of the repeats).`,
-    `${generator === 'wrk' ? "Load: wrk (one thread, its own process, the workload's requests cycled), latency per request in microseconds (wrk's own)." : 'Load: autocannon in the bench process, latency per response in microseconds (HDR).'} CPU us/req = the contender's process CPU time (all threads, all processes) over requests answered.`,
+    `${generator === 'wrk' ? "Load: wrk (one thread, its own process, the workload's requests cycled), latency per request in microseconds (wrk's own)." : 'Load: autocannon in the bench process, latency per response in microseconds (HDR).'} CPU us/req = the contender's process CPU time (all threads, all processes) over requests served (2xx); failed = non-2xx answers, connection errors and timeouts.`,
     skipped.length ? `Skipped: ${skipped.join('; ')}.` : '',
     `Chart: [results/${section}.svg](results/${section}.svg); raw figures: [results/${section}.json](results/${section}.json).`,
   ].filter(Boolean);

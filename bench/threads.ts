@@ -38,23 +38,24 @@ async function main(): Promise<void> {
   try {
     for (const threads of counts) contenders.push({ threads, c: await startLakefront(upstream, { threads }) });
     for (const { c } of contenders) await warmUp(c.url, workload!, connections);
-    const samples = new Map<number, { rps: number; p99: number; cpu: number }[]>();
+    const samples = new Map<number, { rps: number; p99: number; cpu: number; failed: number }[]>();
     for (let r = 0; r < repeats; r++) {
       for (const { threads, c } of contenders) {
         await pause(300);
         const cpu0 = totalCpuSeconds(c.proc!);
         const res = await runLoad(c.url, workload!, connections, seconds);
-        const cpu = ((totalCpuSeconds(c.proc!) - cpu0) * 1e6) / res.requests;
+        const cpu = ((totalCpuSeconds(c.proc!) - cpu0) * 1e6) / res.ok;
+        const failed = res.non2xx + res.errors + res.timeouts;
         const list = samples.get(threads) ?? [];
-        list.push({ rps: res.rps, p99: res.p99Us, cpu });
+        list.push({ rps: res.rps, p99: res.p99Us, cpu, failed });
         samples.set(threads, list);
-        process.stdout.write(`threads ${threads} run ${r + 1}/${repeats}: ${fmt(res.rps)} req/s  p99 ${fmt(res.p99Us)} us  cpu ${fmt(cpu, 1)} us/req\n`);
+        process.stdout.write(`threads ${threads} run ${r + 1}/${repeats}: ${fmt(res.rps)} req/s  p99 ${fmt(res.p99Us)} us  cpu ${fmt(cpu, 1)} us/req  failed ${failed}\n`);
       }
     }
     const rows = counts.map((threads) => {
       const s = samples.get(threads)!;
       const [lo, hi] = spread(s.map((x) => x.rps));
-      return { threads, rps: median(s.map((x) => x.rps)), lo, hi, p99: median(s.map((x) => x.p99)), cpu: median(s.map((x) => x.cpu)) };
+      return { threads, rps: median(s.map((x) => x.rps)), lo, hi, p99: median(s.map((x) => x.p99)), cpu: median(s.map((x) => x.cpu)), failed: s.reduce((n, x) => n + x.failed, 0) };
     });
     const best = Math.max(...rows.map((r) => r.rps));
     // The fewest threads within 5% of the best throughput: more threads than that only add contention.
@@ -63,9 +64,9 @@ async function main(): Promise<void> {
     const command = `node dist/bench/threads.js ${process.argv.slice(2).join(' ')}`.trim();
     const body = [
       `Machine: ${info.cpu} (${cpus().length} cores), ${info.memory}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
-      `Command: \`${command}\` (${workload!.description}, ${connections} connections, ${repeats} interleaved repeats of ${seconds} s; the load generator shares the machine).`,
+      `Command: \`${command}\` (${workload!.description}, ${connections} connections, ${repeats} interleaved repeats of ${seconds} s; the load generator shares the machine; req/s and CPU us/req count requests served (2xx), failed the rest and connection errors).`,
       '',
-      table(['threads', 'req/s (median)', 'spread', 'p99 us', 'CPU us/req'], rows.map((r) => [String(r.threads), fmt(r.rps), `${fmt(r.lo)}-${fmt(r.hi)}`, fmt(r.p99), fmt(r.cpu, 1)])),
+      table(['threads', 'req/s (median)', 'spread', 'p99 us', 'CPU us/req', 'failed'], rows.map((r) => [String(r.threads), fmt(r.rps), `${fmt(r.lo)}-${fmt(r.hi)}`, fmt(r.p99), fmt(r.cpu, 1), String(r.failed)])),
       '',
       `Recommendation for this machine: \`--threads ${pick.threads}\` (the fewest threads within 5% of the best median throughput).`,
     ].join('\n');

@@ -157,15 +157,31 @@ function keepLog(file: string, name: string): void {
   process.stderr.write(`${name}: its error log is kept in ${kept}\n`);
 }
 
-/** nginx with `workers` worker processes, or null (with the reason) when nginx is missing. */
-export async function startNginx(upstream: Upstream, workers: number): Promise<Contender | string> {
+/** What the load will ask of a contender, where its configuration must follow it. */
+export interface LoadShape {
+  /**
+   * The most client connections the load opens at once. nginx's `keepalive` is no cap on its
+   * connections to the nodes, only how many idle ones each worker keeps: it opens one for every
+   * request it has in flight, and closes those past the cache as they come back, so with more
+   * requests in flight than the cache holds it connects and closes anew all the time (Lakefront
+   * and the Node proxy queue at their 64 a node instead; HAProxy keeps every one it opened). Its
+   * cache is made at least this large, so it never closes a connection the load needs again.
+   */
+  readonly clientConnections?: number;
+}
+
+/**
+ * nginx with `workers` worker processes, or null (with the reason) when nginx is missing. Each
+ * worker keeps 64 idle connections a node, or `load.clientConnections` if more (see LoadShape).
+ */
+export async function startNginx(upstream: Upstream, workers: number, load: LoadShape = {}): Promise<Contender | string> {
   const binary = findBinary('/usr/sbin/nginx', '/usr/bin/nginx');
   if (!binary) return 'nginx not installed (apt-get install nginx)';
   const dir = mkdtempSync(join(tmpdir(), 'lakefront-nginx-'));
   for (const sub of ['body', 'proxy', 'fastcgi', 'uwsgi', 'scgi', 'logs']) mkdirSync(join(dir, sub), { recursive: true });
   const port = await freePort();
   const servers = upstream.ports.map((p) => `        server 127.0.0.1:${p};`).join('\n');
-  writeFileSync(join(dir, 'nginx.conf'), fill(readFileSync(join(PEERS, 'nginx.conf.tmpl'), 'utf8'), { WORKERS: String(workers), DIR: dir, PORT: String(port), SERVERS: servers, KEEPALIVE: String(64 * upstream.ports.length) }));
+  writeFileSync(join(dir, 'nginx.conf'), fill(readFileSync(join(PEERS, 'nginx.conf.tmpl'), 'utf8'), { WORKERS: String(workers), DIR: dir, PORT: String(port), SERVERS: servers, KEEPALIVE: String(Math.max(64 * upstream.ports.length, load.clientConnections ?? 0)) }));
   const child = spawn(binary, ['-p', dir, '-c', join(dir, 'nginx.conf')], { stdio: ['ignore', 'ignore', 'pipe'] });
   const removeDir = (): void => {
     keepLog(join(dir, 'error.log'), `nginx-${workers}w`);
@@ -203,7 +219,7 @@ export async function startHaproxy(upstream: Upstream, threads: number): Promise
  * `floor-2t`, `floor-pipe-2t`, `nginx-2w`, `haproxy-2t`. A string says why a peer is skipped
  * (its binary is missing).
  */
-export async function startContender(name: string, upstream: Upstream): Promise<Contender | string> {
+export async function startContender(name: string, upstream: Upstream, load: LoadShape = {}): Promise<Contender | string> {
   if (name === 'direct') return direct(upstream);
   if (name === 'node-proxy') return startNodeProxy(upstream);
   const m = name.match(/^(lakefront|lakefront-pipe|floor|floor-pipe|nginx|haproxy)-(\d+)[tw]$/);
@@ -213,7 +229,7 @@ export async function startContender(name: string, upstream: Upstream): Promise<
   if (m[1] === 'lakefront-pipe') return startLakefront(upstream, { threads: n, extraArgs: ['--upstream-pipelining', '8'], name });
   if (m[1] === 'floor') return startFloorProxy(upstream, n);
   if (m[1] === 'floor-pipe') return startFloorProxy(upstream, n, true);
-  if (m[1] === 'nginx') return startNginx(upstream, n);
+  if (m[1] === 'nginx') return startNginx(upstream, n, load);
   return startHaproxy(upstream, n);
 }
 
@@ -221,9 +237,9 @@ export async function startContender(name: string, upstream: Upstream): Promise<
  * Starts each named contender into `contenders` (so a caller's cleanup stops those started when a
  * later one throws); one whose binary is missing is said in a line and put in `skipped` instead.
  */
-export async function startContenders(names: readonly string[], upstream: Upstream, contenders: Contender[], skipped: string[]): Promise<void> {
+export async function startContenders(names: readonly string[], upstream: Upstream, contenders: Contender[], skipped: string[], load: LoadShape = {}): Promise<void> {
   for (const name of names) {
-    const started = await startContender(name, upstream);
+    const started = await startContender(name, upstream, load);
     if (typeof started === 'string') {
       process.stdout.write(`skip ${name}: ${started}\n`);
       skipped.push(`${name}: ${started}`);

@@ -110,7 +110,9 @@ export async function runLoad(url: string, workload: Workload, connections: numb
     requests: ok + non2xx,
     ok,
     non2xx,
-    errors: result.errors,
+    // autocannon counts a timeout in its errors too; here errors and timeouts are apart, as wrk's
+    // are, so a failure is counted once where they are added up.
+    errors: result.errors - result.timeouts,
     timeouts: result.timeouts,
     seconds: elapsed,
     rps: ok / elapsed,

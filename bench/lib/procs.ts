@@ -36,18 +36,35 @@ export function totalCpuSeconds(proc: Proc): number {
   return proc.pids().reduce((sum, pid) => sum + cpuSeconds(pid), 0);
 }
 
-/** Resident memory of a process tree in bytes. */
+/** A `/proc/PID/{status,smaps_rollup}` field in bytes (`kB` lines), or null when unreadable. */
+function procKb(pid: number, file: string, field: string): number | null {
+  try {
+    const match = readFileSync(`/proc/${pid}/${file}`, 'utf8').match(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm'));
+    return match ? Number(match[1]) * 1024 : null;
+  } catch {
+    return null; // gone
+  }
+}
+
+/**
+ * Resident memory of a process tree in bytes, each page once: the first PID's resident set (every
+ * thread), and of each further PID (an nginx worker forked from its master) only its private pages.
+ * A forked worker's resident set is mostly pages it still shares with its master (the binary,
+ * libraries, the heap as it was at the fork): summing VmRSS counted those once a process, so an
+ * nginx with two workers was charged about three times its shared pages. A PID whose
+ * smaps_rollup cannot be read counts its whole VmRSS (the old, larger figure).
+ */
 export function rssBytes(proc: Proc): number {
   let total = 0;
-  for (const pid of proc.pids()) {
-    try {
-      const status = readFileSync(`/proc/${pid}/status`, 'utf8');
-      const match = status.match(/VmRSS:\s+(\d+) kB/);
-      if (match) total += Number(match[1]) * 1024;
-    } catch {
-      // gone
+  proc.pids().forEach((pid, i) => {
+    if (i === 0) {
+      total += procKb(pid, 'status', 'VmRSS') ?? 0;
+      return;
     }
-  }
+    const clean = procKb(pid, 'smaps_rollup', 'Private_Clean');
+    const dirty = procKb(pid, 'smaps_rollup', 'Private_Dirty');
+    total += clean !== null && dirty !== null ? clean + dirty : procKb(pid, 'status', 'VmRSS') ?? 0;
+  });
   return total;
 }
 
