@@ -7,13 +7,14 @@
  * nodes; `connections` keep-alive clients (undici, in this process) send bare writes (POST 256 B,
  * each its own board) in closed loops: first for `reloads` intervals of `interval-ms` without
  * reloads, then as long again with the file rewritten with another pair of nodes and the process
- * sent SIGHUP at each. Reported per phase: answers by status, failed requests by error, writes
+ * sent SIGHUP at each (once the reload before it serves: a SIGHUP during a reload is coalesced
+ * with the next, README). Reported per phase: answers by status, failed requests by error, writes
  * the nodes received against writes answered 200 (each write is sent once), how long from SIGHUP
  * to the new workers serving, and latency percentiles. Exits 1 if any request failed, a write was
  * not received exactly once, or a reload did not happen.
  */
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -53,12 +54,26 @@ async function main(): Promise<void> {
   /** When each SIGHUP was sent, and when each reload said it serves. */
   const signalled: number[] = [];
   const serving: number[] = [];
+  /** Settled by the next reload's end: its new workers serving, or its refusal. */
+  let onReloadEnd: (() => void) | null = null;
+  const reloadEnded = (): void => {
+    const settle = onReloadEnd;
+    onReloadEnd = null;
+    settle?.();
+  };
   child.stdout!.on('data', (c: Buffer) => {
     const text = c.toString();
     output += text;
-    for (let i = (text.match(/SIGHUP: reloaded/g) ?? []).length; i > 0; i--) serving.push(performance.now());
+    for (let i = (text.match(/SIGHUP: reloaded/g) ?? []).length; i > 0; i--) {
+      serving.push(performance.now());
+      reloadEnded();
+    }
   });
-  child.stderr!.on('data', (c: Buffer) => (output += c.toString()));
+  child.stderr!.on('data', (c: Buffer) => {
+    const text = c.toString();
+    output += text;
+    if (/SIGHUP: .*still serving the previous configuration/.test(text)) reloadEnded();
+  });
   try {
     while (!/listening on http:\/\/127\.0\.0\.1:\d+/.test(output)) await pause(20);
     const url = /listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(output)![1]!;
@@ -95,8 +110,12 @@ async function main(): Promise<void> {
         await pause(intervalMs);
         if (!reloading) continue;
         write(pairs[r % pairs.length]!);
+        // Each SIGHUP once the reload before it is done: one sent during a reload waits for it and
+        // is coalesced with any other (README), so each would not be a reload of its own.
+        const ended = new Promise<void>((resolve) => (onReloadEnd = resolve));
         signalled.push(performance.now());
         child.kill('SIGHUP');
+        await ended;
       }
       await pause(intervalMs);
       running = false;
@@ -128,9 +147,19 @@ async function main(): Promise<void> {
     if (refused > 0) process.exitCode = 1;
     const info = machine();
     const command = `node dist/bench/reload.js ${process.argv.slice(2).join(' ')}`.trim();
+    let migrate = '?';
+    try {
+      migrate = readFileSync('/proc/sys/net/ipv4/tcp_migrate_req', 'utf8').trim();
+    } catch {
+      // An older kernel: no such setting.
+    }
+    const resets =
+      migrate === '1'
+        ? 'net.ipv4.tcp_migrate_req is 1 here: connections not yet accepted by the old workers go to the new ones'
+        : `net.ipv4.tcp_migrate_req is ${migrate} here: a connection not yet accepted by an old worker when it stops listening is reset (README, Reloads), so a client reconnecting at that moment may see ECONNRESET`;
     const text = [
       `Machine: ${info.cpu}, ${info.memory}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
-      `Command: \`${command}\` (Lakefront at 2 threads from a configuration file over two of three bench nodes; ${connections} keep-alive clients (undici) sending bare writes, POST 256 B, each on its own board, in closed loops; ${reloads} intervals of ${intervalMs} ms without reloads, then ${reloads} more with the file naming another pair of nodes and a SIGHUP at each; load generator, proxy and nodes share the machine${refused > 0 ? `; ${refused} reload(s) refused` : ''}).`,
+      `Command: \`${command}\` (Lakefront at 2 threads from a configuration file over two of three bench nodes; ${connections} keep-alive clients (undici) sending bare writes, POST 256 B, each on its own board, in closed loops; ${reloads} intervals of ${intervalMs} ms without reloads, then ${reloads} more with the file naming another pair of nodes and a SIGHUP at each, sent once the reload before it serves; load generator, proxy and nodes share the machine; ${resets}${refused > 0 ? `; ${refused} reload(s) refused` : ''}).`,
       '',
       table(
         ['reloads', 'SIGHUP to serving, ms (median, range)', 'requests', 'answered 200', 'failed', 'outcomes', 'writes the nodes received', 'req/s', 'p50 us', 'p99 us', 'p99.9 us', 'max us'],

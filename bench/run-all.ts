@@ -25,6 +25,8 @@ const parts: [string, string[]][] = quick
 
 const started = Date.now();
 const haveEtcd = existsSync(ETCD_BINARY);
+/** Parts that failed: the others still run (each writes its own section), and the run exits 1. */
+const failed: string[] = [];
 for (const [script, args] of parts) {
   if (script === 'etcd.js' && !haveEtcd) {
     process.stdout.write(`\n=== skip ${script}: no etcd binary (apt-get install etcd-server)\n`);
@@ -35,8 +37,12 @@ for (const [script, args] of parts) {
   const result = spawnSync(process.execPath, [join(DIST, script), ...args], { stdio: 'inherit' });
   if (result.status !== 0) {
     process.stderr.write(`${script} failed with ${result.status ?? result.signal}\n`);
-    process.exit(1);
+    failed.push(`${script} ${args.join(' ')}`.trim());
   }
   process.stdout.write(`=== ${script}: ${((Date.now() - partStarted) / 1000).toFixed(0)} s\n`);
 }
 process.stdout.write(`\nbench finished in ${((Date.now() - started) / 1000).toFixed(0)} s; see bench/RESULTS.md\n`);
+if (failed.length > 0) {
+  process.stderr.write(`failed: ${failed.join('; ')} (its output above says why)\n`);
+  process.exit(1);
+}
