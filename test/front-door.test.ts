@@ -360,6 +360,32 @@ describe('front door: HTTP surface', () => {
     }
   });
 
+  it('drops the headers named over several connection lines, in any case and spacing, both ways, with either upstream client', async () => {
+    // A first line of keep-alive alone, the names on later lines (one after the header it names).
+    const answer = 'HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nX-Internal: leak\r\nConnection: X-INTERNAL\r\nX-Other: leak\r\nConnection:\tx-other ,  \r\nX-Kept: ok\r\ncontent-length: 2\r\n\r\nok';
+    const raw = await startRawNode('several-lines', (socket) => socket.write(answer));
+    try {
+      for (const upstreamClient of ['h1', 'undici'] as const) {
+        const door = await FrontDoor.start(doorConfig([raw], { upstreamClient, hedgeMode: 'off' }));
+        try {
+          raw.requests.length = 0;
+          const head = 'GET /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: b\r\nconnection: keep-alive\r\nx-a: 1\r\nX-B: 2\r\nconnection: X-A\r\nconnection:  x-b ,\tKEEP-ALIVE\r\nx-keep: 1\r\nconnection: close\r\n\r\n';
+          const reply = await rawExchange(door.url, head);
+          assert.match(reply, /^HTTP\/1\.1 200 /, `${upstreamClient}: ${reply}`);
+          assert.match(reply, /\r\nX-Kept: ok\r\n/, upstreamClient);
+          assert.doesNotMatch(reply, /x-internal|x-other/i, `${upstreamClient}: a header a later connection line of the node's named`);
+          const sent = raw.requests[0]!;
+          assert.match(sent, /\r\nx-keep: 1\r\n/, upstreamClient);
+          assert.doesNotMatch(sent, /\r\nx-[ab]:/i, `${upstreamClient}: a header a later connection line of the client's named`);
+        } finally {
+          await door.stop();
+        }
+      }
+    } finally {
+      await raw.stop();
+    }
+  });
+
   it('takes --max-response-bytes as the limit, with either upstream client', async () => {
     const [native] = await ranking(server.url, 'limit-board');
     byId(nodes, native!).behaviour = { kind: 'answer', body: 'y'.repeat(2048) };
@@ -572,6 +598,34 @@ describe('front door: HTTP surface', () => {
     const got = nodes.flatMap((node) => node.received);
     assert.equal(got.length, 1);
     assert.equal(got[0]!.headers['x-evil'], 'fine\tand ~ printable');
+  });
+
+  it('sends a header value or a path beyond Latin-1 (a euro sign, a byte uWS makes U+FFFD) as the same UTF-8 bytes with either upstream client, and undici\'s pool keeps its connections', async () => {
+    // undici refuses a character above U+00FF in a header value or a path: the request failed
+    // (502, a failure counted against the node) and the connection slot it had taken stayed
+    // taken, so after --upstream-connections such requests every request to the node waited out
+    // the request timeout, unsent.
+    const raw = await startRawNode('utf8', (socket) => socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok'));
+    try {
+      const sent: Record<string, string[]> = {};
+      for (const upstreamClient of ['h1', 'undici'] as const) {
+        const door = await FrontDoor.start(doorConfig([raw], { upstreamClient, hedgeMode: 'off', upstreamConnections: 1, requestTimeoutMs: 2_000 }));
+        try {
+          raw.requests.length = 0;
+          for (const [path, value] of [['/rpc/caf\xc3\xa9', 'a\xe2\x82\xacb'], ['/rpc/x\xe2\x82\xac', 'caf\xc3\xa9'], ['/rpc/y', 'a\xffb'], ['/rpc/plain', 'ok']]) {
+            const reply = await rawExchange(door.url, Buffer.from(`GET ${path} HTTP/1.1\r\nhost: x\r\nx-lakefront-board: b\r\nx-v: ${value}\r\nconnection: close\r\n\r\n`, 'latin1'));
+            assert.match(reply, /^HTTP\/1\.1 200 /, `${upstreamClient}, ${JSON.stringify(path)} ${JSON.stringify(value)}: ${reply}`);
+          }
+          sent[upstreamClient] = raw.requests.map((r) => r.split('\r\n').filter((line) => line.startsWith('GET ') || line.startsWith('x-v:')).join(' | '));
+        } finally {
+          await door.stop();
+        }
+      }
+      assert.deepEqual(sent.undici, sent.h1, 'the node gets the same bytes from either client');
+      assert.equal(sent.h1![0], 'GET /rpc/caf\xc3\xa9 HTTP/1.1 | x-v: a\xe2\x82\xacb');
+    } finally {
+      await raw.stop();
+    }
   });
 
   it('closes the connection of a request whose transfer-encoding does not end in chunked (framing in doubt), refuses any coding before chunked (501), and forwards nothing', async () => {

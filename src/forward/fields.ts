@@ -147,11 +147,16 @@ export class HeaderFields {
       fields.push(at, at + name.length, at + name.length, at + name.length + value.length);
       at += name.length + value.length;
     }
-    const connection = fields.find('connection');
-    if (connection !== null) {
-      const named = connectionNamed(connection);
-      if (named !== null) fields.dropNamed(named);
+    // Every connection line, as the h1 client reads them: a first `keep-alive` line hid the names
+    // on later ones, which reached the client.
+    let named: string[] | null = null;
+    const o = fields.offsets;
+    for (let i = 0; i < fields.count; i++) {
+      if (!fields.nameIs(i, 'connection')) continue;
+      const listed = connectionNamed(buf.toString('latin1', o[i * 4 + 2]!, o[i * 4 + 3]!));
+      if (listed !== null) (named ??= []).push(...listed);
     }
+    if (named !== null) fields.dropNamed(named);
     return fields;
   }
 }

@@ -46,14 +46,38 @@ export class UpstreamRequest implements H1Request {
 
   get dispatchOptions(): Dispatcher.DispatchOptions {
     return (this.dispatch ??= {
-      path: this.path,
+      path: asUtf8Bytes(this.path),
       method: this.method as Dispatcher.HttpMethod,
-      headers: this.headers,
+      headers: headersAsUtf8Bytes(this.headers),
       body: this.body,
       // Only safe methods may be retried inside undici's pipeline; failover is the exchange's.
       idempotent: this.method === 'GET' || this.method === 'HEAD' || this.method === 'OPTIONS',
     });
   }
+}
+
+/**
+ * `text` as undici is to write it: undici writes a head as latin1, one byte a character, and
+ * refuses a path or a header value with a character above U+00FF (a euro sign, or the U+FFFD uWS
+ * makes of a byte that is not UTF-8). A refused request fails at dispatch, and the pool's
+ * connection slot it took is never given back (undici marks that client as waiting for a drain
+ * that never comes): after `--upstream-connections` such requests every request to the node
+ * waited out the request timeout and failed, never sent. So a string beyond ASCII is handed over
+ * as its UTF-8 bytes, one character each: the node gets the bytes the h1 client sends.
+ */
+function asUtf8Bytes(text: string): string {
+  return beyondAscii(text) ? Buffer.from(text, 'utf8').toString('latin1') : text;
+}
+
+function beyondAscii(text: string): boolean {
+  for (let i = 0; i < text.length; i++) if (text.charCodeAt(i) > 0x7f) return true;
+  return false;
+}
+
+/** [name, value, ...] with every value as {@link asUtf8Bytes} makes it (the same array when all are ASCII). */
+function headersAsUtf8Bytes(headers: string[]): string[] {
+  for (let i = 1; i < headers.length; i += 2) if (beyondAscii(headers[i]!)) return headers.map(asUtf8Bytes);
+  return headers;
 }
 
 /**
