@@ -87,6 +87,33 @@ describe('ejecting a node that passes its probe but fails its requests', () => {
     assert.equal((await write(board)).headers['x-lakefront-served-by'], moved.headers['x-lakefront-served-by']);
   });
 
+  it('a reload that points an ejected node\'s id at another URL (its replacement) holds the replacement out for nothing: its first probe decides', async () => {
+    const [hanging] = nodes as [FakeNode];
+    hanging.behaviour = { kind: 'hang' };
+    const board = await boardOf(hanging);
+    const verdict = once(door, 'ejection') as Promise<[EjectionEvent]>;
+    for (let i = 0; i < EJECT_AFTER; i++) assert.equal((await write(board)).status, 502);
+    assert.equal((await verdict)[0].ejected, true);
+    // The machine is replaced: the same id, another address, by a reload.
+    const [replacement] = (await startNodes(hanging.id)) as [FakeNode];
+    try {
+      const old = door;
+      door = await door.reload({ ...config, clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: (n === hanging ? replacement : n).url })) }] });
+      await old.drained;
+      const seen = await stats();
+      assert.ok(seen.healthy.includes(hanging.id), 'the replacement is in: nothing was held against it');
+      assert.equal(seen.nodes[hanging.id]!.ejected, false);
+      assert.equal(seen.nodes[hanging.id]!.ejections, 1, 'the count, by node id, carries');
+      const reply = await write(board);
+      assert.equal(reply.status, 200);
+      assert.equal(reply.headers['x-lakefront-served-by'], hanging.id);
+      assert.equal(replacement.hits(), 1, 'the board went back to its native node, at its new address');
+    } finally {
+      await door.stop();
+      await replacement.stop();
+    }
+  });
+
   it('counts only failures in a row: an answer between them starts the count again', async () => {
     const [flaky] = nodes as [FakeNode];
     const board = await boardOf(flaky);
@@ -212,6 +239,38 @@ describe('what counts toward ejection, and what does not', () => {
     await old.drained;
     assert.equal(await ejections(serving, hanging.id), 1, 'in the serving configuration');
     assert.ok(!(await call(`${serving.url}/health`)).json<{ healthy: string[] }>().healthy.includes(hanging.id));
+  });
+
+  it('failures an old worker meets at a node\'s old address are not held against the new one, when a reload moved its id', async () => {
+    const config = doorConfig(nodes, { requestTimeoutMs: 1_500, hedgeMode: 'off', ejectAfter: EJECT_AFTER }, { ejectMs: 60_000 });
+    const old = (door = await FrontDoor.start(config));
+    const [hanging] = nodes as [FakeNode];
+    hanging.behaviour = { kind: 'hang' };
+    const board = await boardOf(old, hanging);
+    const before = hanging.received.length;
+    const writes = Array.from({ length: EJECT_AFTER }, () => rpc(old.url, 'board.append', board));
+    await hanging.waitForRequests(before + EJECT_AFTER);
+    // The reload points the hanging node's id at a replacement; the writes time out on the old worker.
+    const [replacement] = (await startNodes(hanging.id)) as [FakeNode];
+    try {
+      const moved = { ...config, clusters: [{ name: 'default', members: nodes.map((n) => ({ id: n.id, url: (n === hanging ? replacement : n).url })) }] };
+      const serving = (door = await old.reload(moved));
+      let ejected = 0;
+      serving.on('ejection', () => ejected++);
+      assert.deepEqual((await Promise.all(writes)).map((r) => r.status), Array(EJECT_AFTER).fill(502));
+      // Every message of the old worker has arrived once it has ended.
+      await old.drained;
+      assert.equal(ejected, 0);
+      assert.equal(await ejections(serving, hanging.id), 0);
+      assert.ok((await call(`${serving.url}/health`)).json<{ healthy: string[] }>().healthy.includes(hanging.id));
+      const reply = await rpc(serving.url, 'board.append', board);
+      assert.equal(reply.status, 200);
+      assert.equal(reply.headers['x-lakefront-served-by'], hanging.id);
+    } finally {
+      await door.stop();
+      door = null;
+      await replacement.stop();
+    }
   });
 
   it("a hedged read's loser cut off unanswered counts: hedging does not hide a node that hangs", async () => {

@@ -206,6 +206,41 @@ describe('Membership probes: what passes', () => {
   });
 });
 
+describe('Membership probes: a kept-alive connection the node closes', () => {
+  it('a probe whose kept connection the node closes unanswered (its idle timeout crossing the probe) is asked again on a new one, and passes', async () => {
+    // The first two probes that come on a connection kept from an earlier one find it closed,
+    // unanswered, as when the node's idle timeout ends the connection just as the probe goes out:
+    // the first by a FIN, the second by a reset (what that race gave, every few rounds, against a
+    // server closing connections idle for the probe interval). Every other probe is answered.
+    const used = new Set<Socket>();
+    let closed = 0;
+    const server = createHttpServer((req, res) => {
+      if (used.has(req.socket) && closed < 2) {
+        if (closed++ === 0) req.socket.destroy();
+        else req.socket.resetAndDestroy();
+        return;
+      }
+      used.add(req.socket);
+      res.writeHead(200).end('{}');
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const membership = new Membership({ members: [{ id: 'idle-closer', url: `http://127.0.0.1:${(server.address() as { port: number }).port}` }], timeoutMs: 5_000 });
+    let changes = 0;
+    membership.on('change', () => changes++);
+    try {
+      for (let round = 0; round < 6; round++) {
+        await membership.probeOnce();
+        assert.ok(membership.isHealthy('idle-closer'), `round ${round}`);
+      }
+      assert.equal(changes, 0, 'never out of the rankings');
+      assert.equal(closed, 2, 'probes went out on kept connections, which the node closed');
+    } finally {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+    }
+  });
+});
+
 describe('EtcdLeaderProbe: which leader it publishes', () => {
   /** Three members answering /v3/maintenance/status as scripted (over real HTTP). */
   async function members(): Promise<{ urls: string[]; answer: { memberId: string; leader: string; term: number }[]; close(): Promise<void> }> {

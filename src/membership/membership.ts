@@ -315,13 +315,17 @@ export class Membership extends EventEmitter {
 
   /**
    * Takes over what `from` (a reload's predecessor) knows of member `id`: its hold, which keeps
-   * it out until then (a time already past changes nothing), and its ejections.
+   * it out until then (a time already past changes nothing), and its ejections. `sameUrl` false:
+   * the id names another address here, another server, which none of that was about (its
+   * unreachable hold, its ejection, its health, its warm-up): only the ejection count (/stats,
+   * by node id) carries, and its first probe decides, as for a member new to the cluster.
    */
-  adopt(id: string, from: Membership): void {
+  adopt(id: string, from: Membership, sameUrl = true): void {
     const state = this.stateOf(id);
     const before = from.stateOf(id);
-    state.streak = before.streak;
     state.ejections = before.ejections;
+    if (!sameUrl) return;
+    state.streak = before.streak;
     state.backAt = before.backAt;
     state.returnedAt = before.returnedAt;
     // Out there (down, or held), it starts out here too, without a change said (the caller

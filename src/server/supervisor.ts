@@ -936,16 +936,19 @@ export class FrontDoor extends EventEmitter {
    * Nodes `predecessor` holds out (an attempt could not reach them, or they were ejected) stay out
    * here until their hold ends: this door's first probe would otherwise bring back a node that
    * passes its probe but failed requests a moment ago. Their ejection counts come along too
-   * (Membership.adopt). Matched by cluster name and node id.
+   * (Membership.adopt). Matched by cluster name and node id; a node the new configuration gives
+   * another URL (a dead machine's id pointed at its replacement) is another server, and carries
+   * only its ejection count: its first probe decides.
    */
   private carryHolds(predecessor: FrontDoor): void {
     this.config.clusters.forEach((cluster, i) => {
       const before = predecessor.config.clusters.findIndex((c) => c.name === cluster.name);
       if (before < 0) return;
       const old = predecessor.memberships[before]!;
-      const known = new Set(old.all().map((m) => m.id));
+      const urls = new Map(old.all().map((m) => [m.id, m.url]));
       for (const member of this.memberships[i]!.all()) {
-        if (known.has(member.id)) this.memberships[i]!.adopt(member.id, old);
+        const url = urls.get(member.id);
+        if (url !== undefined) this.memberships[i]!.adopt(member.id, old, url === member.url);
       }
     });
     // What was adopted without a change said (a member out, a return's time: warming) reaches
@@ -1185,14 +1188,15 @@ export class FrontDoor extends EventEmitter {
   /**
    * The front door whose membership judges a report about node `g` (this one's index), and the
    * node's index there: this one, or, from an old worker still draining after a reload, the one
-   * serving now (the newest), which routes the new requests; null if it has no such node.
+   * serving now (the newest), which routes the new requests; null if it has no such node, or
+   * gives that id another URL (what an old worker found at the old address says nothing of it).
    */
   private judging(g: number): [FrontDoor | null, number] {
     const serving = this.serving;
     const node = this.nodes[g];
     if (serving === this || node === undefined) return [this, g];
     const there = serving.nodeIndex(this.clusters[node.cluster]!.name, node.id);
-    return there < 0 ? [null, -1] : [serving, there];
+    return there < 0 || serving.nodes[there]!.url !== node.url ? [null, -1] : [serving, there];
   }
 
   /**
