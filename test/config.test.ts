@@ -33,6 +33,15 @@ describe('flags and environment', () => {
     assert.deepEqual(route!.operations!.reads, ['/v3/kv/range']);
   });
 
+  it("--worker-young-mb caps a worker thread's young generation: 12 MiB unless given, 1-1024", () => {
+    const nodes = ['--nodes', 'a=http://127.0.0.1:1'];
+    assert.equal(run(nodes).workerYoungMb, 12);
+    assert.equal(run([...nodes, '--worker-young-mb', '48']).workerYoungMb, 48);
+    assert.equal(run(nodes, { LAKEFRONT_WORKER_YOUNG_MB: '6' }).workerYoungMb, 6);
+    assert.throws(() => parseCommand([...nodes, '--worker-young-mb', '0'], {}), /^ConfigError: --worker-young-mb: 0 is out of range 1\.\.1024$/);
+    assert.throws(() => parseCommand([...nodes, '--worker-young-mb', '2.5'], {}), /^ConfigError: --worker-young-mb: not a whole number: "2\.5"$/);
+  });
+
   it('--nodes and --etcd together serve /rpc/* and /v3/*', () => {
     const config = run(['--nodes', 'a=http://127.0.0.1:1', '--etcd', 'e1=http://127.0.0.1:2', '--etcd-policy', 'round_robin']);
     assert.deepEqual(config.routes.map((r) => [r.pattern, r.policy]), [['/rpc/*', 'rendezvous'], ['/v3/*', 'round_robin']]);

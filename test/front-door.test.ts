@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connect, createServer, Server } from 'node:net';
 import { after, afterEach, before, describe, it } from 'node:test';
+import type { Worker } from 'node:worker_threads';
 import { DROPPED_REQUEST_HEADERS } from '../src/contract.js';
 import { parseCommand } from '../src/config/config.js';
 import { parseFileConfig } from '../src/config/file.js';
@@ -2134,6 +2135,26 @@ describe('front door: start-up', () => {
       await door.stop();
       await Promise.all(nodes.map((n) => n.stop()));
     }
+  });
+
+  it("starts its worker threads with the young generation capped (workerYoungMb, 12 MiB unless given), and refuses a bad cap", async () => {
+    const nodes = await startNodes('yg-a');
+    const limits = (door: FrontDoor): (number | undefined)[] =>
+      [...(door as unknown as { workers: Map<number, { worker: Worker }> }).workers.values()].map((h) => h.worker.resourceLimits?.maxYoungGenerationSizeMb);
+    const given = await FrontDoor.start(doorConfig(nodes, {}, { threads: 2, workerYoungMb: 6 }));
+    try {
+      assert.deepEqual(limits(given), [6, 6]);
+    } finally {
+      await given.stop();
+    }
+    const byDefault = await FrontDoor.start(doorConfig(nodes, {}, { threads: 1 }));
+    try {
+      assert.deepEqual(limits(byDefault), [12]);
+    } finally {
+      await byDefault.stop();
+      await Promise.all(nodes.map((n) => n.stop()));
+    }
+    await assert.rejects(FrontDoor.start(doorConfig(nodes, {}, { workerYoungMb: 0.5 })), /^ConfigError: workerYoungMb: bad value 0\.5 \(MiB, 1-1024\)$/);
   });
 
   it('/stats rejected counts its own endpoints\' refusals: a /route 400 or 404 as a /health 405', async () => {

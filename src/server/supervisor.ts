@@ -26,7 +26,7 @@ import { quorumProblem, reloadProblem, sharesKeys, versionLane, type QuorumSetti
 import { HeldHints, keyHash, keyOfWrite, type HeldRows } from '../replication/hints.js';
 import type { ClusterSpec, DataPlaneSettings, MainMessage, NodeSpec, OperationRules, PolicyName, PolicySettings, RouteSpec, SavedHint, WorkerInit, WorkerMessage } from './protocol.js';
 import { OWN_PATHS } from './protocol.js';
-import { DEFAULT_EJECT_MAX_PERCENT, DEFAULT_EJECT_MS, DEFAULT_UNREACHABLE_HOLD_MS, MAX_EJECT_MS } from './settings.js';
+import { DEFAULT_EJECT_MAX_PERCENT, DEFAULT_EJECT_MS, DEFAULT_UNREACHABLE_HOLD_MS, DEFAULT_WORKER_YOUNG_MB, MAX_EJECT_MS } from './settings.js';
 
 export interface ClusterConfig {
   readonly name: string;
@@ -92,6 +92,8 @@ export interface FrontDoorConfig {
   readonly hintsFile?: string | null;
   /** Where every worker writes its access log lines (a path, or `-`: standard output). Null: none. */
   readonly accessLog?: string | null;
+  /** V8's young generation a worker thread may grow to, in MiB (1-1024). Default 12 (settings.ts). */
+  readonly workerYoungMb?: number;
 }
 
 /** Appends `items` to the list `map` holds under `key` (made if absent). */
@@ -261,6 +263,10 @@ export class FrontDoor extends EventEmitter {
     if (!(typeof ejectMs === 'number' && ejectMs >= 1 && ejectMs <= 3_600_000)) throw new ConfigError(`ejectMs: bad value ${String(ejectMs)} (milliseconds, 1-3600000)`);
     if (!(typeof ejectMaxPercent === 'number' && ejectMaxPercent >= 1 && ejectMaxPercent <= 100)) {
       throw new ConfigError(`ejectMaxPercent: bad value ${String(ejectMaxPercent)} (a percentage, 1-100)`);
+    }
+    const young = config.workerYoungMb;
+    if (young !== undefined && !(Number.isInteger(young) && young >= 1 && young <= 1024)) {
+      throw new ConfigError(`workerYoungMb: bad value ${String(young)} (MiB, 1-1024)`);
     }
     this.ejection = { baseMs: ejectMs, maxMs: Math.max(MAX_EJECT_MS, ejectMs), maxPercent: ejectMaxPercent };
     this.config = config;
@@ -1052,7 +1058,12 @@ export class FrontDoor extends EventEmitter {
       hints: this.hintsFor.get(slot) ?? [],
       accessLog: this.config.accessLog ?? null,
     };
-    const worker = new Worker(WORKER_URL, { workerData: init, stderr: false, stdout: false });
+    const worker = new Worker(WORKER_URL, {
+      workerData: init,
+      stderr: false,
+      stdout: false,
+      resourceLimits: { maxYoungGenerationSizeMb: this.config.workerYoungMb ?? DEFAULT_WORKER_YOUNG_MB },
+    });
     const previous = this.workers.get(slot);
     const handle: WorkerHandle = { slot, worker, deaths: previous?.deaths ?? [], replacement };
     this.workers.set(slot, handle);
