@@ -422,10 +422,22 @@ describe('what counts toward ejection, and what does not', () => {
     assert.equal(event.ejected, true);
   });
 
+  it('a request the undici client refuses to send is not the node\'s failure', async () => {
+    const front = await start({ upstreamClient: 'undici', requestTimeoutMs: 300, hedgeMode: 'off' });
+    const [target] = nodes as [FakeNode];
+    const board = await boardOf(front, target);
+    // A DEL in a header value: uWS takes it, undici refuses it (UND_ERR_INVALID_ARG) on every node.
+    const raw = () =>
+      rawExchange(front.url, Buffer.from(`POST /rpc/query.execute HTTP/1.1\r\nhost: x\r\nx-lakefront-board: ${board}\r\nx-v: a\x7fb\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}`, 'latin1'));
+    const hits = nodes.map((n) => n.hits());
+    for (let i = 0; i < EJECT_AFTER * 2; i++) assert.match(await raw(), /^HTTP\/1\.1 502/);
+    assert.deepEqual(nodes.map((n) => n.hits()), hits, 'nothing reached a node');
+    for (const n of nodes) assert.equal(await ejections(front, n.id), 0);
+  });
+
   it('a path beyond ASCII goes to the node under the undici client too, as its UTF-8 bytes, and nothing counts toward ejection', async () => {
     // undici refused such a path (UND_ERR_INVALID_ARG: a 502, and the pool's slot never given
-    // back); it now gets the UTF-8 bytes the h1 client sends. What undici still refuses is not
-    // the node's failure (nodeFailure, below), but uWS lets no such request through.
+    // back); it now gets the UTF-8 bytes the h1 client sends.
     const front = await start({ upstreamClient: 'undici', requestTimeoutMs: 300, hedgeMode: 'off' });
     const [target] = nodes as [FakeNode];
     const board = await boardOf(front, target);

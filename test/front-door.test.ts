@@ -629,6 +629,28 @@ describe('front door: HTTP surface', () => {
     }
   });
 
+  it('fails a header value with a DEL (which uWS passes and undici refuses) without taking one of undici\'s connection slots for good', async () => {
+    // undici's request constructor throws at a DEL (0x7F) in a header value; thrown at dispatch,
+    // the pool never gave the slot back: after --upstream-connections such requests every request
+    // to the node waited out the request timeout, unsent. (The h1 client sends it as it came.)
+    const raw = await startRawNode('del', (socket) => socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok'));
+    const door = await FrontDoor.start(doorConfig([raw], { upstreamClient: 'undici', hedgeMode: 'off', upstreamConnections: 1, requestTimeoutMs: 2_000 }));
+    try {
+      for (let i = 0; i < 2; i++) {
+        const refused = await rawExchange(door.url, Buffer.from('GET /rpc/d HTTP/1.1\r\nhost: x\r\nx-lakefront-board: b\r\nx-v: a\x7fb\r\nconnection: close\r\n\r\n', 'latin1'));
+        assert.match(refused, /^HTTP\/1\.1 502 /, refused);
+        assert.match(refused, /UND_ERR_INVALID_ARG/, refused);
+      }
+      // Before: a 502 after the request timeout, waiting for the slot the refused ones kept.
+      const plain = await rawExchange(door.url, 'GET /rpc/plain HTTP/1.1\r\nhost: x\r\nx-lakefront-board: b\r\nconnection: close\r\n\r\n');
+      assert.match(plain, /^HTTP\/1\.1 200 /, plain);
+      assert.deepEqual(raw.requests.map((r) => r.slice(0, r.indexOf(' HTTP/'))), ['GET /rpc/plain']);
+    } finally {
+      await door.stop();
+      await raw.stop();
+    }
+  });
+
   it('closes the connection of a request whose transfer-encoding does not end in chunked (framing in doubt), refuses any coding before chunked (501), and forwards nothing', async () => {
     // No `connection: close`: a 400 would keep the connection open, only a drop ends it.
     const send = (codingLines: string, keyed = true): Promise<string> =>

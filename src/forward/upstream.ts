@@ -31,6 +31,8 @@ export type UpstreamClientKind = 'h1' | 'undici';
 export class UpstreamRequest implements H1Request {
   private block: string | null = null;
   private dispatch: Dispatcher.DispatchOptions | null = null;
+  /** See `undiciRefusal` (undefined: not looked at yet). */
+  private refusal: string | null | undefined = undefined;
 
   constructor(
     readonly method: string,
@@ -42,6 +44,27 @@ export class UpstreamRequest implements H1Request {
 
   get headBlock(): string {
     return (this.block ??= headBlock(this.headers, this.body?.length ?? 0, this.method));
+  }
+
+  /**
+   * Why undici's request constructor would refuse this request, or null. Refused there, it fails
+   * at dispatch and the pool's connection slot it took is never given back (see
+   * {@link asUtf8Bytes}); so such a request is failed here, unsent, and never handed to undici.
+   * What uWS passes and undici refuses, once beyond ASCII is UTF-8 bytes: a DEL (0x7F) in a
+   * header value (uWS refuses every other control byte; undici, RFC 9110's field-vchar, DEL).
+   */
+  get undiciRefusal(): string | null {
+    if (this.refusal === undefined) {
+      this.refusal = null;
+      const h = this.headers;
+      for (let i = 1; i < h.length; i += 2) {
+        if (h[i]!.indexOf('\x7f') >= 0) {
+          this.refusal = `undici does not send a DEL (0x7F) in a header value (${h[i - 1]})`;
+          break;
+        }
+      }
+    }
+    return this.refusal;
   }
 
   get dispatchOptions(): Dispatcher.DispatchOptions {
@@ -325,6 +348,13 @@ class DispatchAttempt implements CancellableAttempt {
   }
 
   start(request: UpstreamRequest): this {
+    const refusal = request.undiciRefusal;
+    if (refusal !== null) {
+      // As undici's own refusal would be reported (unsent, not the node's failure), without the
+      // pool: a request its constructor throws at takes a connection slot for good.
+      this.onError(Object.assign(new Error(refusal), { code: 'UND_ERR_INVALID_ARG' }));
+      return this;
+    }
     this.deadline = setTimeout(undiciDeadline, this.transport.requestTimeoutMs, this).unref();
     this.transport.pool.dispatch(request.dispatchOptions, this as unknown as Dispatcher.DispatchHandler);
     return this;
