@@ -112,10 +112,14 @@ async function main(): Promise<void> {
         write(pairs[r % pairs.length]!);
         // Each SIGHUP once the reload before it is done: one sent during a reload waits for it and
         // is coalesced with any other (README), so each would not be a reload of its own.
-        const ended = new Promise<void>((resolve) => (onReloadEnd = resolve));
+        let timer: NodeJS.Timeout | undefined;
+        const ended = new Promise<void>((resolve, reject) => {
+          onReloadEnd = resolve;
+          timer = setTimeout(() => reject(new Error(`reload ${r}: neither served nor refused within 60 s`)), 60_000);
+        });
         signalled.push(performance.now());
         child.kill('SIGHUP');
-        await ended;
+        await ended.finally(() => clearTimeout(timer));
       }
       await pause(intervalMs);
       running = false;
