@@ -56,14 +56,19 @@ async function main(): Promise<void> {
   const upstream = await startUpstream();
   const rows: string[][] = [];
   const skipped: string[] = [];
+  // Each front is stopped however its measure ends (one that failed was left running before).
+  let running: Contender | null = null;
   try {
-    const lakefront = await startLakefront(upstream, { threads });
+    const lakefront = (running = await startLakefront(upstream, { threads }));
     const lf = await measure(lakefront);
+    running = null;
     await lakefront.proc!.stop();
     rows.push([lakefront.name, fmt(lf.before / 2 ** 20, 1), fmt(lf.after / 2 ** 20, 1), fmt((lf.after - lf.before) / target, 0), String(lf.open), fmt(lf.seconds, 1)]);
     const nginx = await startNginx(upstream, threads);
     if (typeof nginx !== 'string') {
+      running = nginx;
       const ng = await measure(nginx);
+      running = null;
       await nginx.proc!.stop();
       rows.push([nginx.name, fmt(ng.before / 2 ** 20, 1), fmt(ng.after / 2 ** 20, 1), fmt((ng.after - ng.before) / target, 0), String(ng.open), fmt(ng.seconds, 1)]);
     } else {
@@ -71,6 +76,7 @@ async function main(): Promise<void> {
       process.stdout.write(`${skipped.at(-1)}\n`);
     }
   } finally {
+    await running?.proc?.stop();
     await upstream.proc.stop();
   }
   const info = machine();
