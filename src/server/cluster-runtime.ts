@@ -121,7 +121,7 @@ const UNREACHABLE_CODES: ReadonlySet<string> = new Set([
 /**
  * Attempt failures that are the node's, toward ejection (`ejectAfter`): no answer in time, a
  * reset, a connection refused or not made in time, a response that is not HTTP. Not a failure the
- * front door made itself: an attempt it refused before sending (undici refuses some paths), its
+ * front door made itself: an attempt it refused before sending (a header value undici would not send: upstream.ts undiciRefusal), its
  * own connections closing at a stop or reload, a response over its size limit; nor a timeout of
  * an attempt never written (queued behind the front door's own connection limit). undici's
  * parser errors (`HPE_*`) count: the node's bytes were not HTTP.
