@@ -7,7 +7,7 @@ import { once } from 'node:events';
 import { createServer, type AddressInfo, type Server, type Socket } from 'node:net';
 import { after, describe, it } from 'node:test';
 import { isUnsent } from '../src/forward/exchange.js';
-import { undiciFailure } from '../src/forward/upstream.js';
+import { createTransport, loadUndici, undiciFailure } from '../src/forward/upstream.js';
 import { H1Agent, H1Codes, headBlock, type H1Handler, type H1Pool, type H1Request, type PipelineCounters } from '../src/forward/h1.js';
 
 interface RawRequest {
@@ -485,6 +485,18 @@ describe('h1 client', () => {
     assert.equal(isUnsent(undiciFailure(Object.assign(new Error('refused'), { code: 'ECONNREFUSED' }), false)), false);
     assert.equal(undiciFailure(unreachable, false).code, 'EHOSTUNREACH');
     server.close();
+  });
+
+  it('builds an undici transport only once undici is loaded (a front door on the h1 client never loads it)', async () => {
+    const agent = new H1Agent(1_000);
+    const options = { connections: 1, requestTimeoutMs: 2_000, cancelGraceMs: 100 };
+    const observer = {} as Parameters<typeof createTransport>[3];
+    assert.throws(() => createTransport('undici', 'http://127.0.0.1:9', options, observer, agent), /the undici transport needs loadUndici\(\) first/);
+    await loadUndici();
+    const transport = createTransport('undici', 'http://127.0.0.1:9', options, observer, agent);
+    assert.equal(typeof (transport as unknown as { pool: { dispatch: unknown } }).pool.dispatch, 'function');
+    await transport.close(false);
+    agent.close(true);
   });
 
   it('frames by transfer-encoding over content-length, and fails an answer in any coding but chunked alone (not decoded, it would be relayed as plain bytes)', async () => {

@@ -3,6 +3,7 @@
  * Kept thin on purpose; everything it runs lives in src/.
  */
 import { parentPort, workerData } from 'node:worker_threads';
+import { loadUndici } from '../src/forward/upstream.js';
 import { WorkerFront } from '../src/server/front.js';
 import type { MainMessage, WorkerInit, WorkerMessage } from '../src/server/protocol.js';
 
@@ -38,6 +39,8 @@ process.on('uncaughtException', die);
 process.on('unhandledRejection', die);
 
 try {
+  // Only a front door that sends through undici loads it (see loadUndici).
+  if (init.settings.upstreamClient === 'undici') await loadUndici();
   front = new WorkerFront(init, {
     requestStats: (id) => send({ t: 'stats-request', id }),
     nodeUnreachable: (node) => send({ t: 'node-unreachable', node }),

@@ -18,14 +18,26 @@
  */
 import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
-import { errors as undiciErrors, Pool } from 'undici';
-import type { Dispatcher } from 'undici';
+import type { Dispatcher, Pool } from 'undici';
 import { isGatewayFailure, type AttemptHandle } from './exchange.js';
 import { HeaderFields, isChunkedOnly } from './fields.js';
 import { H1Codes, H1Error, connectTimeoutFor, headBlock, isResendableMethod, type H1Agent, type H1Handler, type H1Pool, type H1Request, type H1Ticket, type PipelineCounters } from './h1.js';
 import { OP_READ } from '../server/protocol.js';
 
 export type UpstreamClientKind = 'h1' | 'undici';
+
+/**
+ * undici, loaded by {@link loadUndici} where a front door's settings ask for it: the default h1
+ * transport never needs it, and a worker thread that imports it holds about 6 MiB more heap
+ * (its code and what its start-up builds), 12 MiB at two threads, with idle connections held
+ * (bench/RESULTS.md, "Twenty-eighth session").
+ */
+let undici: typeof import('undici') | null = null;
+
+/** Loads undici for `createTransport('undici', ...)`; once a thread. */
+export async function loadUndici(): Promise<void> {
+  undici ??= await import('undici');
+}
 
 /** One client request as every attempt sends it; encodings are built once, on first use. */
 export class UpstreamRequest implements H1Request {
@@ -367,7 +379,7 @@ class DispatchAttempt implements CancellableAttempt {
     const ms = this.transport.requestTimeoutMs;
     // Still waiting for a connection: failed here, unsent; undici drops it at onConnect.
     if (this.abortFn === null) this.onError(new H1Error(H1Codes.TIMEOUT, `no connection to the node within ${ms} ms`, true));
-    else this.abortFn(this.inBody ? new undiciErrors.BodyTimeoutError(`no further part of the response within ${ms} ms`) : new undiciErrors.HeadersTimeoutError(`no response from the node within ${ms} ms`));
+    else this.abortFn(this.inBody ? new undici!.errors.BodyTimeoutError(`no further part of the response within ${ms} ms`) : new undici!.errors.HeadersTimeoutError(`no response from the node within ${ms} ms`));
   }
 
   private end(): void {
@@ -498,7 +510,8 @@ class UndiciTransport implements NodeTransport {
     this.cancelGraceMs = options.cancelGraceMs;
     this.loserGraceMs = options.cancelGraceMs;
     this.requestTimeoutMs = options.requestTimeoutMs;
-    this.pool = new Pool(url, {
+    if (undici === null) throw new Error('the undici transport needs loadUndici() first');
+    this.pool = new undici.Pool(url, {
       connections: options.connections,
       pipelining: 1,
       keepAliveTimeout: 4_000,
