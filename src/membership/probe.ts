@@ -1,75 +1,116 @@
 /**
- * The control plane's own HTTP asks (health probes, etcd leader probes), made with undici's
- * `request` over one keep-alive agent rather than `fetch`: `fetch` builds a WHATWG Request,
- * Headers, Response and body stream for each, about 0.4 ms of main-thread CPU a probe against
- * about 0.05 here (bench/RESULTS.md, "Twenty-fourth session"), and a front door over many nodes
- * probes each every second. Redirects are not followed (a `3xx` health answer is no pass, as in
- * nginx's, HAProxy's and Envoy's checks). Idle connections do not keep the process alive.
- * A caller's own `fetch` (the library's `fetch` option) is used instead where one is given.
+ * The control plane's own HTTP asks (health probes, etcd leader probes), made with `node:http`
+ * (`node:https` for an https node) over one keep-alive agent each, rather than `fetch` or undici:
+ * `fetch` builds a WHATWG Request, Headers, Response and body stream for each, about 0.4 ms of
+ * main-thread CPU a probe against about 0.12 here (bench/RESULTS.md, "Twenty-fourth session",
+ * where undici's `request` and `node:http` cost the same), and undici's code and state held about
+ * 5 MiB of the main thread's heap that `node:http`, part of Node, does not ("Twenty-eighth
+ * session"). Redirects are not followed (a `3xx` health answer is no pass, as in nginx's,
+ * HAProxy's and Envoy's checks). Idle connections do not keep the process alive (the agent unrefs
+ * them). A caller's own `fetch` (the library's `fetch` option) is used instead where one is given.
  */
-import { performance } from 'node:perf_hooks';
-import { Agent, request, type Dispatcher } from 'undici';
+import { Agent as HttpAgent, request as httpRequest, type ClientRequest, type IncomingMessage, type RequestOptions } from 'node:http';
+import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 
-/** One agent for every probe of the process: a connection a node, kept between rounds. */
-let agent: Agent | null = null;
+/**
+ * How long a connection a node answered on is kept for the next probe (probes run every second
+ * by default). A kept connection is one a node; a probe never waits behind another.
+ */
+const KEPT_MS = 30_000;
 
-function dispatcher(): Agent {
-  // pipelining 1: a probe never waits behind another on one connection.
-  return (agent ??= new Agent({ pipelining: 1, keepAliveTimeout: 30_000 }));
+/** The largest health answer read: past it the connection is dropped, not read, and the status stands. */
+const STATUS_BODY_LIMIT = 128 * 1024;
+/** The largest leader-status answer taken (etcd's is a few hundred bytes). */
+const JSON_BODY_LIMIT = 1024 * 1024;
+
+let httpAgent: HttpAgent | null = null;
+let httpsAgent: HttpsAgent | null = null;
+
+function agentFor(url: URL): HttpAgent {
+  // `timeout` closes a kept connection idle that long (the agent's own timeout listener destroys
+  // only free sockets); each probe keeps its own deadline.
+  if (url.protocol === 'https:') return (httpsAgent ??= new HttpsAgent({ keepAlive: true, timeout: KEPT_MS, scheduling: 'lifo' }));
+  return (httpAgent ??= new HttpAgent({ keepAlive: true, timeout: KEPT_MS, scheduling: 'lifo' }));
+}
+
+/** Errors of a connection that ended before any byte of the answer. */
+const CLOSED_UNANSWERED: ReadonlySet<unknown> = new Set(['ECONNRESET', 'EPIPE']);
+
+class ProbeTimeout extends Error {
+  readonly code = 'ETIMEDOUT';
+}
+
+interface Answer {
+  readonly status: number;
+  /** The body, when asked for; null when it was dropped. */
+  readonly body: Buffer | null;
 }
 
 /**
- * When each URL's last probe had its answer (performance.now()): a probe sent within KEPT_MS of it
- * went out on the connection that answer came on (undici keeps it that long, or less when the
- * node's `Keep-Alive: timeout` says so).
+ * One ask of `url`, its answer's body read (kept up to `keepBody` bytes, or dropped: past
+ * `limit` the connection is closed and the status stands) within `deadline` (performance.now()).
+ * Asked once more if it failed on a kept connection that closed before any byte of this one's
+ * answer: the node closing it as idle just as the probe went out (a server whose idle timeout is
+ * about the probe interval: every few rounds a probe crossed the close, ECONNRESET). One such
+ * race would otherwise fail the node's probe and take it out of every ranking for a round. The
+ * second ask goes on a new connection (the closed one is gone), within the same deadline; a new
+ * connection closed unanswered is the node's answer, and not asked again.
  */
-const answeredAt = new Map<string, number>();
-const KEPT_MS = 30_000;
-
-/** Errors of a connection that ended before any byte of the answer. */
-const CLOSED_UNANSWERED: ReadonlySet<unknown> = new Set(['UND_ERR_SOCKET', 'ECONNRESET', 'EPIPE']);
-
-/**
- * undici's `request`, asked once more if it failed on a connection kept from the last probe that
- * closed before any byte of this one's answer: the node closing it as idle just as the probe went
- * out (a server whose idle timeout is about the probe interval, and that sends no `Keep-Alive:
- * timeout` for undici to stay under: every few rounds a probe crossed the close, ECONNRESET).
- * One such race would otherwise fail the node's probe and take it out of every ranking for a
- * round (the front door's own reads are sent once again in that case). The second ask goes on a
- * new connection (the closed one is gone), within the same deadline; a connection not kept (the
- * node has not answered lately) closed unanswered is the node's answer, and not asked again.
- */
-async function ask(url: string, options: Omit<Dispatcher.RequestOptions, 'origin' | 'path'>, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
-  let res: Dispatcher.ResponseData;
-  try {
-    res = await request(url, { ...options, dispatcher: dispatcher(), signal });
-  } catch (err) {
-    const kept = performance.now() - (answeredAt.get(url) ?? -Infinity) < KEPT_MS;
-    answeredAt.delete(url);
-    if (signal.aborted || !kept || !CLOSED_UNANSWERED.has((err as { code?: unknown } | null)?.code)) throw err;
-    res = await request(url, { ...options, dispatcher: dispatcher(), signal });
-  }
-  answeredAt.set(url, performance.now());
-  return res;
+function ask(url: URL, options: RequestOptions, body: string | null, limit: number, keepBody: boolean, deadline: number, again: boolean): Promise<Answer> {
+  return new Promise<Answer>((resolve, reject) => {
+    let answered = false;
+    let settled = false;
+    const settle = (err: Error | null, answer?: Answer): void => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      if (err === null) resolve(answer!);
+      else if (again && !answered && req.reusedSocket && !(err instanceof ProbeTimeout) && CLOSED_UNANSWERED.has((err as { code?: unknown }).code)) {
+        ask(url, options, body, limit, keepBody, deadline, false).then(resolve, reject);
+      } else reject(err);
+    };
+    const send = url.protocol === 'https:' ? httpsRequest : httpRequest;
+    const req: ClientRequest = send(url, { ...options, agent: agentFor(url) }, (res: IncomingMessage) => {
+      answered = true;
+      const status = res.statusCode ?? 0;
+      const chunks: Buffer[] = [];
+      let size = 0;
+      res.on('data', (chunk: Buffer) => {
+        size += chunk.length;
+        if (size > limit) {
+          // Too long to read: the connection goes (not kept with an answer half read).
+          req.destroy();
+          if (keepBody) settle(new Error(`answer over ${limit} bytes`));
+          else settle(null, { status, body: null });
+          return;
+        }
+        if (keepBody) chunks.push(chunk);
+      });
+      res.on('end', () => settle(null, { status, body: keepBody ? Buffer.concat(chunks) : null }));
+      res.on('error', (err) => settle(err));
+      res.on('aborted', () => settle(new Error('the answer was cut off')));
+    });
+    // The deadline covers the body too: a node that sent a 2xx head and stalled does not pass.
+    const timer = setTimeout(() => {
+      const err = new ProbeTimeout(`no answer within the probe's deadline`);
+      settle(err);
+      req.destroy(err);
+    }, Math.max(1, deadline - performance.now()));
+    req.on('error', (err) => settle(err));
+    req.end(body ?? undefined);
+  });
 }
 
 /** GET `url`; its status once the body is read (and dropped). Rejects on a network error or at `timeoutMs`. */
 export async function probeStatus(url: string, timeoutMs: number): Promise<number> {
-  const signal = AbortSignal.timeout(timeoutMs);
-  const res = await ask(url, { method: 'GET' }, signal);
-  // The deadline covers the body too: `dump()` without the signal resolves when the deadline
-  // destroys the body, so a node that sent a 2xx head and stalled would pass. (The limit is
-  // undici's default: past it the connection is dropped, not read, and the status stands.)
-  await res.body.dump({ signal, limit: 128 * 1024 });
-  return res.statusCode;
+  const answer = await ask(new URL(url), { method: 'GET' }, null, STATUS_BODY_LIMIT, false, performance.now() + timeoutMs, true);
+  return answer.status;
 }
 
 /** POST `body` (JSON) to `url`; the status and, for a 200, the parsed answer. Rejects as `probeStatus`. */
 export async function probeJson(url: string, body: string, timeoutMs: number): Promise<{ status: number; json: unknown }> {
-  const res = await ask(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body }, AbortSignal.timeout(timeoutMs));
-  if (res.statusCode !== 200) {
-    await res.body.dump();
-    return { status: res.statusCode, json: null };
-  }
-  return { status: 200, json: await res.body.json() };
+  const headers = { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)) };
+  const answer = await ask(new URL(url), { method: 'POST', headers }, body, JSON_BODY_LIMIT, true, performance.now() + timeoutMs, true);
+  if (answer.status !== 200) return { status: answer.status, json: null };
+  return { status: 200, json: JSON.parse(answer.body!.toString('utf8')) as unknown };
 }
