@@ -25,6 +25,8 @@ const { values } = parseArgs({
 const quick = values.quick!;
 const target = Number(values.connections ?? (quick ? 2_000 : 10_000));
 const threads = Number(values.threads);
+/** Seconds of proxied load before the first reading. */
+const WARM_SECONDS = quick ? 1 : 10;
 
 /**
  * The request each connection sends: a read every front proxies (a front answering a request of
@@ -37,8 +39,10 @@ function proxiedRead(hostname: string): (i: number) => string {
 
 async function measure(c: Contender): Promise<{ before: number; after: number; open: number; seconds: number }> {
   // The proxy path warmed first (compiled, its connections to the nodes open), for both fronts, so
-  // the difference is the idle client connections' and not a first request's.
-  await warmUp(c.url, WORKLOADS.getsmall!, 64, 1);
+  // the difference is the idle client connections' and not a first request's. Long enough that a
+  // worker's nursery grows as far as it will under load (with V8's own ceiling, 48 MiB, it was
+  // still growing after 4 s: 8 MiB of semi-spaces at 4 s, 15 at 18; capped at 12 it stops at 8).
+  await warmUp(c.url, WORKLOADS.getsmall!, 64, WARM_SECONDS);
   await pause(500);
   const before = rssBytes(c.proc!);
   const started = performance.now();
@@ -83,7 +87,7 @@ async function main(): Promise<void> {
   const command = `node dist/bench/memory.js ${process.argv.slice(2).join(' ')}`.trim();
   const body = [
     `Machine: ${info.cpu}, ${info.memory}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
-    `Command: \`${command}\`: ${fmt(target)} client connections, each sends one \`GET /rpc/query.execute\` (proxied to a node, its own board) with keep-alive and stays open; resident memory before them read after 1 s of proxied GETs from 64 connections (the proxy path warmed), and with them 0.5 s after the last answer (every thread; for nginx its master's VmRSS and its workers' private pages, so the pages a worker shares with its master count once); still open: connections neither closed nor reset by the front at the reading.`,
+    `Command: \`${command}\`: ${fmt(target)} client connections, each sends one \`GET /rpc/query.execute\` (proxied to a node, its own board) with keep-alive and stays open; resident memory before them read after ${WARM_SECONDS} s of proxied GETs from 64 connections (the proxy path warmed), and with them 0.5 s after the last answer (every thread; for nginx its master's VmRSS and its workers' private pages, so the pages a worker shares with its master count once); still open: connections neither closed nor reset by the front at the reading.`,
     '',
     table(['front', 'RSS before MiB', `RSS with ${fmt(target)} idle connections MiB`, 'bytes per connection', 'still open at reading', 'seconds to open all'], rows),
     ...(skipped.length > 0 ? ['', ...skipped] : []),
