@@ -206,6 +206,38 @@ describe('Membership probes: what passes', () => {
   });
 });
 
+describe('Membership probes: a caller\'s own fetch', () => {
+  it('with the caller\'s fetch too, a 3xx is not followed and does not pass; a 2xx passes', async () => {
+    const paths: string[] = [];
+    const servers = ['moved', 'ok'].map((id) =>
+      createHttpServer((req, res) => {
+        paths.push(`${id} ${req.url}`);
+        // The redirect names a path that would pass: a probe that followed it would call the node healthy.
+        if (id === 'moved' && req.url === '/health') return void res.writeHead(302, { location: '/elsewhere' }).end();
+        res.writeHead(200).end('{}');
+      }),
+    );
+    await Promise.all(servers.map((srv) => new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve))));
+    let calls = 0;
+    const membership = new Membership({
+      members: ['moved', 'ok'].map((id, i) => ({ id, url: `http://127.0.0.1:${(servers[i]!.address() as { port: number }).port}` })),
+      timeoutMs: 2_000,
+      fetch: (input, init) => {
+        calls++;
+        return fetch(input, init);
+      },
+    });
+    try {
+      await membership.probeOnce();
+      assert.equal(calls, 2, 'the caller\'s fetch made the probes');
+      assert.deepEqual(membership.healthyIds(), ['ok']);
+      assert.deepEqual(paths.sort(), ['moved /health', 'ok /health'], 'the redirect was not followed');
+    } finally {
+      await Promise.all(servers.map((srv) => new Promise((resolve) => { srv.closeAllConnections(); srv.close(resolve); })));
+    }
+  });
+});
+
 describe('Membership probes: a kept-alive connection the node closes', () => {
   it('a probe whose kept connection the node closes unanswered (its idle timeout crossing the probe) is asked again on a new one, and passes', async () => {
     // The first two probes that come on a connection kept from an earlier one find it closed,
@@ -262,6 +294,26 @@ describe('EtcdLeaderProbe: which leader it publishes', () => {
       close: () => Promise.all(servers.map((s) => new Promise((resolve) => s.close(resolve)))).then(() => undefined),
     };
   }
+
+  it('with the caller\'s fetch, a status answer that redirects is not followed (no leader from it)', async () => {
+    // One member redirects its status (a 307 keeps the POST) to a path that would name it leader.
+    const asked: string[] = [];
+    const server = createHttpServer((req, res) => {
+      asked.push(`${req.method} ${req.url}`);
+      if (req.url === '/v3/maintenance/status') return void res.writeHead(307, { location: '/elsewhere' }).end();
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ header: { member_id: '11' }, leader: '11', raftTerm: '5' }));
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const probe = new EtcdLeaderProbe({ members: [{ id: 'e0', url: `http://127.0.0.1:${(server.address() as { port: number }).port}` }], fetch: (input, init) => fetch(input, init) });
+    try {
+      await probe.probeOnce();
+      assert.equal(probe.leader, null);
+      assert.deepEqual(asked, ['POST /v3/maintenance/status'], 'the redirect was not followed');
+    } finally {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+    }
+  });
 
   it('publishes the leader of the newest term that has one and says so itself, and none while a majority is electing past it', async () => {
     const m = await members();

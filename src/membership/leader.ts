@@ -135,7 +135,7 @@ export class EtcdLeaderProbe extends EventEmitter {
         if (status !== 200) return null;
         answer = json;
       } else {
-        const res = await this.fetchImpl(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}', signal: AbortSignal.timeout(this.timeoutMs) });
+        const res = await this.fetchImpl(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}', redirect: 'manual', signal: AbortSignal.timeout(this.timeoutMs) });
         if (res.status !== 200) {
           await res.arrayBuffer();
           return null;

@@ -377,7 +377,9 @@ export class Membership extends EventEmitter {
         const status = await probeStatus(member.url + this.healthPath, this.timeoutMs);
         return status >= 200 && status < 300;
       }
+      // Not followed, as without it: a 3xx is no pass (fetch follows redirects unless told).
       const res = await this.fetchImpl(member.url + this.healthPath, {
+        redirect: 'manual',
         signal: AbortSignal.timeout(this.timeoutMs),
       });
       // Drain the body so the connection goes back to the pool.
