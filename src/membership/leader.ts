@@ -38,7 +38,7 @@ export class EtcdLeaderProbe extends EventEmitter {
   /** How often every member is asked (its leader rounds). */
   readonly intervalMs: number;
   private readonly timeoutMs: number;
-  /** The caller's own fetch, if given (else probe.ts's undici request). */
+  /** The caller's own fetch, if given (else probe.ts's node:http request). */
   private readonly fetchImpl: typeof globalThis.fetch | null;
   /** etcd member id (decimal string) -> our node id, learned from each member's own answer. */
   private readonly byMemberId = new Map<string, string>();

@@ -160,7 +160,7 @@ export class Membership extends EventEmitter {
   readonly timeoutMs: number;
   private readonly members: MemberConfig[];
   private readonly states: Map<string, MemberState>;
-  /** The caller's own fetch, if given (else probe.ts's undici request). */
+  /** The caller's own fetch, if given (else probe.ts's node:http request). */
   private readonly fetchImpl: typeof globalThis.fetch | null;
   private readonly healthPath: string;
   private readonly loop: PollLoop;
