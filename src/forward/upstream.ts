@@ -28,8 +28,9 @@ export type UpstreamClientKind = 'h1' | 'undici';
 
 /**
  * undici, loaded by {@link loadUndici} where a front door's settings ask for it: the default h1
- * transport never needs it, and a worker thread that imports it holds about 6 MiB more heap
- * (its code and what its start-up builds), 12 MiB at two threads, with idle connections held
+ * transport never needs it, and a worker thread that imports it holds about 5 MiB more live heap
+ * (its code and what its start-up builds); at two threads the process held about 8 MiB more
+ * resident with 10,000 idle connections, and a reload's workers started later
  * (bench/RESULTS.md, "Twenty-eighth session").
  */
 let undici: typeof import('undici') | null = null;
