@@ -206,6 +206,25 @@ describe('Membership probes: what passes', () => {
   });
 });
 
+describe('Membership probes: a node that switches protocols', () => {
+  // The probe's deadline is longer than the test's own timeout: a probe that waited for it (as
+  // node:http left it, the socket destroyed without a word) fails the test.
+  it('a 101 answer to the probe fails it at once, not at its deadline', { timeout: 20_000 }, async () => {
+    const server = createServer((socket) => {
+      socket.once('data', () => socket.write('HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n'));
+      socket.on('error', () => undefined);
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const membership = new Membership({ members: [{ id: 'switcher', url: `http://127.0.0.1:${(server.address() as { port: number }).port}` }], timeoutMs: 120_000 });
+    try {
+      await membership.probeOnce();
+      assert.deepEqual(membership.healthyIds(), []);
+    } finally {
+      await new Promise((resolve) => server.close(resolve));
+    }
+  });
+});
+
 describe('Membership probes: a caller\'s own fetch', () => {
   it('with the caller\'s fetch too, a 3xx is not followed and does not pass; a 2xx passes', async () => {
     const paths: string[] = [];

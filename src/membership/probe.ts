@@ -98,6 +98,12 @@ function ask(url: URL, options: RequestOptions, body: string | null, limit: numb
       req.destroy(err);
     }, Math.max(1, deadline - performance.now()));
     req.on('error', (err) => settle(err));
+    // A 101 to a probe that asked for no upgrade: node:http hands the socket to this listener (with
+    // none, it destroys the socket and the request says nothing until the deadline). No pass.
+    req.on('upgrade', (res: IncomingMessage, socket: { destroy(): void }) => {
+      socket.destroy();
+      settle(new Error(`the node switched protocols (${res.statusCode ?? 0})`));
+    });
     req.end(body ?? undefined);
   });
 }
