@@ -432,7 +432,9 @@ describe('h1 client', () => {
 
   it('says when a failed request was never sent: queued past the timeout, or never connected', async () => {
     const held: RawRequest[] = [];
-    const { server, pool } = await setup((req) => held.push(req), { connections: 1, requestTimeoutMs: 80 });
+    // Long enough that the first request is connected and written before it even on a loaded
+    // machine (at 80 ms it once timed out unconnected while another test run shared the cores).
+    const { server, pool } = await setup((req) => held.push(req), { connections: 1, requestTimeoutMs: 400 });
     const first = send(pool, request('GET', '/held'));
     const queued = await send(pool, request('POST', '/queued', [], 'w'));
     assert.equal(queued.error?.code, H1Codes.TIMEOUT);
