@@ -105,7 +105,9 @@ describe('Router (in process, over fetch)', () => {
   let router: Router;
   before(async () => {
     nodes = await startNodes('r-a', 'r-b', 'r-c');
-    router = new Router({ membership: new Membership({ members: nodes.map((n) => ({ id: n.id, url: n.url })) }), hedgeDelayMs: 40 });
+    // A hedge delay a first request's connection makes in time even on a loaded machine (at 40 ms
+    // the unhedged read of the first test was once hedged while another test run shared the cores).
+    router = new Router({ membership: new Membership({ members: nodes.map((n) => ({ id: n.id, url: n.url })) }), hedgeDelayMs: 250 });
   });
   after(async () => Promise.all(nodes.map((n) => n.stop())));
   const node = (id: string): FakeNode => nodes.find((n) => n.id === id)!;
@@ -186,8 +188,8 @@ describe('Router (in process, over fetch)', () => {
         results.map((r) => [r.hedged, r.servedBy]),
         results.map(() => [true, second!.id]),
       );
-      // Hedged, not left to the stalled node's 3 s (a 100% budget left 6 of 16 so).
-      for (const r of results) assert.ok(r.latencyMs < 1_500, `answered after ${r.latencyMs} ms`);
+      // Every one hedged and answered by the hedge, none left to the stalled node (a 100% budget
+      // left 6 of 16 so).
       assert.equal(unbudgeted.counters.hedges, 16);
     } finally {
       node(primary!.id).behaviour = { kind: 'answer' };
