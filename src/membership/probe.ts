@@ -5,8 +5,8 @@
  * main-thread CPU a probe against about 0.12 here (bench/RESULTS.md, "Twenty-fourth session",
  * where undici's `request` and `node:http` cost the same), and undici's code and state held about
  * 5 MiB of the main thread's live heap that `node:http`, part of Node, does not (12 MiB less
- * resident with it gone: "Twenty-eighth session"). Redirects are not followed (a `3xx` health answer is no pass, as in nginx's,
- * HAProxy's and Envoy's checks). Idle connections do not keep the process alive (the agent unrefs
+ * resident with it gone: "Twenty-eighth session"). Redirects are not followed (a `3xx` health
+ * answer is no pass, as in nginx's, HAProxy's and Envoy's checks). Idle connections do not keep the process alive (the agent unrefs
  * them). A caller's own `fetch` (the library's `fetch` option) is used instead where one is given.
  */
 import { Agent as HttpAgent, request as httpRequest, type ClientRequest, type IncomingMessage, type RequestOptions } from 'node:http';
@@ -36,10 +36,6 @@ function agentFor(url: URL): HttpAgent {
 /** Errors of a connection that ended before any byte of the answer. */
 const CLOSED_UNANSWERED: ReadonlySet<unknown> = new Set(['ECONNRESET', 'EPIPE']);
 
-class ProbeTimeout extends Error {
-  readonly code = 'ETIMEDOUT';
-}
-
 interface Answer {
   readonly status: number;
   /** The body, when asked for; null when it was dropped. */
@@ -66,7 +62,7 @@ function ask(url: URL, options: RequestOptions, body: string | null, limit: numb
       settled = true;
       clearTimeout(timer);
       if (err === null) resolve(answer!);
-      else if (again && !answered && req.reusedSocket && !(err instanceof ProbeTimeout) && CLOSED_UNANSWERED.has((err as { code?: unknown }).code)) {
+      else if (again && !answered && req.reusedSocket && CLOSED_UNANSWERED.has((err as { code?: unknown }).code)) {
         ask(url, options, body, limit, keepBody, deadline, false).then(resolve, reject);
       } else reject(err);
     };
@@ -93,7 +89,7 @@ function ask(url: URL, options: RequestOptions, body: string | null, limit: numb
     });
     // The deadline covers the body too: a node that sent a 2xx head and stalled does not pass.
     const timer = setTimeout(() => {
-      const err = new ProbeTimeout(`no answer within the probe's deadline`);
+      const err = Object.assign(new Error(`no answer within the probe's deadline`), { code: 'ETIMEDOUT' });
       settle(err);
       req.destroy(err);
     }, Math.max(1, deadline - performance.now()));

@@ -16,10 +16,10 @@ export const DEFAULT_CANCEL_GRACE_MS = 250;
 /**
  * V8's young generation (its nursery) a worker thread may grow to, in MiB (Worker
  * `resourceLimits.maxYoungGenerationSizeMb`; a semi-space a third of it). V8's own ceiling is 48
- * (16 MiB semi-spaces), and a busy worker grows to it: 10,000 idle connections after a second of
- * proxied load held 161 MiB resident at 2 threads, 136.5-145.9 with 12, for no CPU a request that
- * wrk could tell apart; 129 with 6, for 1.2-2.5 us more user CPU a POST (bench/RESULTS.md,
- * "Twenty-seventh session").
+ * (16 MiB semi-spaces), and a busy worker grows towards it: 10,000 idle connections after 10 s of
+ * proxied load held 123-127 MiB resident at 2 threads with 48, 114-116 with 12, for no CPU a
+ * request that wrk could tell apart; 6 holds about 8 MiB less, for 1.2-2.5 us more user CPU a
+ * POST (bench/RESULTS.md, "Twenty-seventh session" and "Twenty-eighth session").
  */
 export const DEFAULT_WORKER_YOUNG_MB = 12;
 /** Seed 004: an unreachable node is marked failed for three seconds. */
