@@ -13,7 +13,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import { after, afterEach, before, beforeEach, describe, it } from 'node:test';
 import { parseCommand } from '../src/config/config.js';
 import { Membership } from '../src/membership/membership.js';
-import { nodeFailure } from '../src/server/cluster-runtime.js';
+import { isUnreachable, nodeFailure } from '../src/server/cluster-runtime.js';
 import { route } from '../src/router/index.js';
 import { FrontDoor, type EjectionEvent, type FrontDoorConfig } from '../src/server/supervisor.js';
 import { doorConfig } from './fixtures/door.js';
@@ -455,7 +455,7 @@ describe('what counts toward ejection, and what does not', () => {
 describe('nodeFailure: which attempt errors are the node\'s', () => {
   const error = (code: string, unsent = false) => Object.assign(new Error(code), { code, unsent });
   it('counts no answer in time, resets, refused or unmade connections and bytes that are not HTTP', () => {
-    for (const code of ['LF_ERR_UPSTREAM_TIMEOUT', 'LF_ERR_UPSTREAM_CLOSED', 'ECONNREFUSED', 'LF_ERR_UPSTREAM_CONNECT_TIMEOUT', 'LF_ERR_UPSTREAM_BAD_RESPONSE', 'ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT', 'HPE_INVALID_CONSTANT']) {
+    for (const code of ['LF_ERR_UPSTREAM_TIMEOUT', 'LF_ERR_UPSTREAM_CLOSED', 'ECONNREFUSED', 'LF_ERR_UPSTREAM_CONNECT_TIMEOUT', 'LF_ERR_UPSTREAM_BAD_RESPONSE', 'ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT', 'ENOTFOUND', 'EAI_AGAIN', 'HPE_INVALID_CONSTANT']) {
       assert.equal(nodeFailure(error(code)), code);
     }
     assert.equal(nodeFailure(error('ECONNREFUSED', true)), 'ECONNREFUSED', 'refused: never sent, and the node\'s all the same');
@@ -467,6 +467,19 @@ describe('nodeFailure: which attempt errors are the node\'s', () => {
     }
     assert.equal(nodeFailure(new Error('no code')), null);
     assert.equal(nodeFailure(null), null);
+  });
+});
+
+describe('isUnreachable: which attempt errors hold a node out at once (--unreachable-hold-ms)', () => {
+  it('holds a node whose connection was refused or not made in time, or whose name did not resolve', () => {
+    for (const code of ['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT', 'LF_ERR_UPSTREAM_CONNECT_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT', 'ENOTFOUND', 'EAI_AGAIN']) {
+      assert.equal(isUnreachable(code), true, code);
+    }
+  });
+  it('does not hold a node that was reached: a late answer, a reset, a closed connection, bytes that are not HTTP', () => {
+    for (const code of ['LF_ERR_UPSTREAM_TIMEOUT', 'ECONNRESET', 'EPIPE', 'LF_ERR_UPSTREAM_CLOSED', 'LF_ERR_UPSTREAM_BAD_RESPONSE', 'UND_ERR_HEADERS_TIMEOUT', 'LF_ERR_POOL_CLOSED']) {
+      assert.equal(isUnreachable(code), false, code);
+    }
   });
 });
 

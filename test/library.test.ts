@@ -167,6 +167,29 @@ describe('Router (in process, over fetch)', () => {
     assert.deepEqual(result.attempted, ['r-down']);
   });
 
+  it('says a bare write whose node name did not resolve was not sent (503), and sends it nowhere else', async () => {
+    // `.invalid` never resolves (RFC 6761): the lookup fails before any connection is made.
+    const [live] = await startNodes('r-live');
+    try {
+      const members = [{ id: 'r-gone', url: 'http://gone.invalid:8080' }, { id: live!.id, url: live!.url }];
+      const router2 = new Router({ membership: new Membership({ members }) });
+      let board = '';
+      for (let i = 0; board === ''; i++) if (router2.route(`lib-gone-${i}`)[0]!.id === 'r-gone') board = `lib-gone-${i}`;
+      const result = await router2.forward(board, '/rpc/board.append', '{}');
+      // Before: 502 LF_ERR_OUTCOME_UNKNOWN, though nothing could have been sent.
+      assert.equal(result.status, 503, result.body);
+      assert.match(result.body, /LF_ERR_NOT_SENT/);
+      assert.deepEqual(result.attempted, ['r-gone']);
+      assert.equal(live!.hits(), 0);
+      // A read is failed over to the next node as for any failure.
+      const read = await router2.forward(board, '/rpc/query.execute', '{}');
+      assert.equal(read.status, 200, read.body);
+      assert.equal(read.servedBy, live!.id);
+    } finally {
+      await live!.stop();
+    }
+  });
+
   it('fails a retryable write over when told it is retryable', async () => {
     const [primary, second] = router.route('lib-keyed');
     node(primary!.id).behaviour = { kind: 'reset' };

@@ -8,7 +8,7 @@ import { performance } from 'node:perf_hooks';
 import { BOARD_HEADER, isIdempotentPath } from '../contract.js';
 import { ErrorCodes } from '../errors.js';
 import { rank, type NodeInfo } from '../hashing/rendezvous.js';
-import { Exchange, type AttemptHandle, type ExchangeCounters, type ExchangeDriver } from '../forward/exchange.js';
+import { Exchange, isUnsent, type AttemptHandle, type ExchangeCounters, type ExchangeDriver } from '../forward/exchange.js';
 import { HedgeBudget } from '../forward/budget.js';
 import { LatencyWindow } from '../forward/latency.js';
 import { MAX_TIMER_MS, type Membership } from '../membership/membership.js';
@@ -216,10 +216,11 @@ export class Router {
           })
           .catch((err: unknown) => {
             clearTimeout(timer);
-            // fetch wraps the socket's error in its `cause`; only a refused connection proves
-            // that nothing was sent (fetch may have followed a redirect, or written first).
-            const cause = (err as { cause?: { code?: unknown } }).cause;
-            exchange.failed(ordinal, cause?.code === 'ECONNREFUSED' ? cause : err);
+            // fetch wraps the socket's error in its `cause`; only a connection refused or never
+            // made (a name not resolved, no local address) proves that nothing was sent: any
+            // other error may have come after the request was written.
+            const cause = (err as { cause?: unknown }).cause;
+            exchange.failed(ordinal, isUnsent(cause) ? cause : err);
           });
         return { abort: () => controller.abort() };
       },

@@ -99,7 +99,8 @@ const UNREACHABLE_REPORT_GAP_MS = 500;
 
 /**
  * Attempt failures that say the node could not be reached: the connection refused, or not made
- * in time (the h1 client's codes, undici's, the kernel's). Each is reported to the control plane,
+ * in time, or the node's name not resolved (ENOTFOUND: no such name now; EAI_AGAIN: the resolver
+ * did not answer) (the h1 client's codes, undici's, the kernel's, getaddrinfo's). Each is reported to the control plane,
  * which takes the node out of every ranking for `--unreachable-hold-ms` (seed 004: "the edge
  * marks an unreachable follower as failed for three seconds").
  *
@@ -114,13 +115,20 @@ const UNREACHABLE_CODES: ReadonlySet<string> = new Set([
   'EHOSTUNREACH',
   'ENETUNREACH',
   'ETIMEDOUT',
+  'ENOTFOUND',
+  'EAI_AGAIN',
   H1Codes.CONNECT_TIMEOUT,
   'UND_ERR_CONNECT_TIMEOUT',
 ]);
 
+/** Whether an attempt that failed with `code` found the node unreachable (UNREACHABLE_CODES). @internal exported for tests */
+export function isUnreachable(code: string): boolean {
+  return UNREACHABLE_CODES.has(code);
+}
+
 /**
  * Attempt failures that are the node's, toward ejection (`ejectAfter`): no answer in time, a
- * reset, a connection refused or not made in time, a response that is not HTTP. Not a failure the
+ * reset, a connection refused or not made in time, the node's name not resolved, a response that is not HTTP. Not a failure the
  * front door made itself: an attempt it refused before sending (a header value undici would not send: upstream.ts undiciRefusal), its
  * own connections closing at a stop or reload, a response over its size limit; nor a timeout of
  * an attempt never written (queued behind the front door's own connection limit). undici's
@@ -137,6 +145,8 @@ const NODE_FAILURES: ReadonlySet<string> = new Set([
   'ETIMEDOUT',
   'EHOSTUNREACH',
   'ENETUNREACH',
+  'ENOTFOUND',
+  'EAI_AGAIN',
   'ECONNABORTED',
   'UND_ERR_SOCKET',
   'UND_ERR_HEADERS_TIMEOUT',
@@ -478,7 +488,7 @@ export class ClusterRuntime implements ExchangeDriver, AttemptObserver, ReplicaH
    * not be reached, the control plane hears of it (at most once a node per 500 ms).
    */
   failedWith(node: number, code: string): void {
-    if (!UNREACHABLE_CODES.has(code)) return;
+    if (!isUnreachable(code)) return;
     const now = performance.now();
     if (now - this.lastUnreachableAt[node]! < UNREACHABLE_REPORT_GAP_MS) return;
     this.lastUnreachableAt[node] = now;
