@@ -14,7 +14,7 @@ import { DIST } from './lib/procs.js';
 const quick = process.argv.includes('--quick');
 const parts: [string, string[]][] = quick
   ? [
-      ['suite.js', ['--quick', '--repeats', '2', '--seconds', '2', '--contenders', 'direct,lakefront-2t,node-proxy,nginx-2w']],
+      ['suite.js', ['--quick', '--repeats', '2', '--seconds', '2', '--contenders', 'direct,lakefront-2t,nginx-2w']],
       ['hedging.js', ['--quick', '--repeats', '1', '--seconds', '3']],
       ['threads.js', ['--quick', '--repeats', '1']],
       ['memory.js', ['--quick']],

@@ -2,7 +2,7 @@
  * The throughput suite: every contender in front of the same three upstream nodes, the same load,
  * interleaved (A B C A B C ...), medians of the repeats.
  *
- *   node dist/bench/suite.js [--quick] [--repeats 3] [--seconds 5] [--prewarm 2]
+ *   node dist/bench/suite.js [--quick] [--repeats 3] [--seconds 5] [--prewarm 2] [--warm 1]
  *       [--contenders direct,lakefront-1t,lakefront-2t,node-proxy,nginx-1w,nginx-2w,haproxy-1t,haproxy-2t]
  *       (also floor-1t, floor-2t: the least a uWS + Node proxy does, bench/floor-proxy.ts; lakefront-pipe-1t,
  *       lakefront-pipe-2t: Lakefront with --upstream-pipelining 8; floor-pipe-1t, floor-pipe-2t: the floor
@@ -30,6 +30,7 @@ const { values } = parseArgs({
     repeats: { type: 'string' },
     seconds: { type: 'string' },
     prewarm: { type: 'string' },
+    warm: { type: 'string' },
     contenders: { type: 'string' },
     workloads: { type: 'string' },
     connections: { type: 'string' },
@@ -50,6 +51,9 @@ const seconds = Number(values.seconds ?? env.BENCH_SECONDS ?? (quick ? 3 : 5));
  * two); servers in C need none of it, and lose nothing by it.
  */
 const prewarm = Number(values.prewarm ?? env.BENCH_PREWARM ?? (quick ? 0 : 2));
+/** Seconds of load each contender serves, unrecorded, before each workload's first measured run. */
+const warm = Number(values.warm ?? (quick ? 0.5 : 1));
+if (!(warm > 0)) throw new Error(`--warm: bad value ${values.warm} (seconds, above 0)`);
 const contenderNames = (values.contenders ?? env.BENCH_CONTENDERS ?? 'direct,lakefront-1t,lakefront-2t,node-proxy,nginx-1w,nginx-2w,haproxy-1t,haproxy-2t').split(',');
 const workloadNames = (values.workloads ?? env.BENCH_WORKLOADS ?? (quick ? 'post256,get1k' : 'post256,get1k,get16k,mix8020')).split(',');
 const connectionCounts = (values.connections ?? env.BENCH_CONNECTIONS ?? (quick ? '64' : '64,1024')).split(',').map(Number);
@@ -81,7 +85,7 @@ async function main(): Promise<void> {
         results[key] = {};
         for (const c of contenders) {
           results[key]![c.name] = [];
-          await warmUp(c.url, workload, connections);
+          await warmUp(c.url, workload, connections, warm);
         }
         for (let r = 0; r < repeats; r++) {
           for (const c of contenders) {
@@ -149,7 +153,7 @@ function report(results: Record<string, Record<string, Sample[]>>, contenders: C
   const out = {
     machine: info,
     command,
-    settings: { generator, repeats, seconds, prewarm, workloads: workloadNames, connections: connectionCounts, contenders: contenders.map((c) => c.name), skipped },
+    settings: { generator, repeats, seconds, prewarm, warm, workloads: workloadNames, connections: connectionCounts, contenders: contenders.map((c) => c.name), skipped },
     summary,
   };
   process.stdout.write(`\n${lines.join('\n')}\n`);
@@ -159,7 +163,7 @@ function report(results: Record<string, Record<string, Sample[]>>, contenders: C
   writeFileSync(join(dir, `${section}.svg`), svgChart(`Lakefront bench (${section}): ${info.date.slice(0, 10)}, ${info.cpu}`, groups));
   const header = [
     `Machine: ${info.cpu}, ${info.memory}, ${info.os}; Node ${info.node}; commit ${info.commit}; ${info.date}.`,
-    `Command: \`${command}\` (${repeats} interleaved repeats of ${seconds} s per contender and workload, after a one-time ${prewarm} s warm-up on each workload and a 1 s one before each; medians, spread = min-max of the repeats).`,
+    `Command: \`${command}\` (${repeats} interleaved repeats of ${seconds} s per contender and workload, after a one-time ${prewarm} s warm-up on each workload and a ${warm} s one before each; medians, spread = min-max of the repeats).`,
     `${generator === 'wrk' ? "Load: wrk (one thread, its own process, the workload's requests cycled), latency per request in microseconds (wrk's own)." : 'Load: autocannon in the bench process, latency per response in microseconds (HDR).'} CPU us/req = the contender's process CPU time (all threads, all processes) over requests served (2xx); failed = non-2xx answers, connection errors and timeouts.`,
     skipped.length ? `Skipped: ${skipped.join('; ')}.` : '',
     `Chart: [results/${section}.svg](results/${section}.svg); raw figures: [results/${section}.json](results/${section}.json).`,
