@@ -176,6 +176,37 @@ describe('configuration file', () => {
     }
   });
 
+  it('refuses a key given twice in one object, naming its place, as it does a flag given twice (JSON.parse would keep the last)', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lakefront-dup-'));
+    try {
+      const path = join(dir, 'lf.json');
+      const clusters = '"clusters": [{ "name": "boards", "nodes": "a=http://127.0.0.1:1" }]';
+      const rpc = '{ "path": "/rpc/*", "cluster": "boards", "keyHeader": "x-lakefront-board" }';
+      const kv = '{ "path": "/kv/*", "cluster": "boards", "quorum": { "n": 1 } }';
+      for (const [text, place] of [
+        // Two snippets pasted together: the first list of routes would go without a word.
+        [`{ ${clusters}, "routes": [${rpc}], "routes": [${kv}] }`, 'routes'],
+        [`{ ${clusters}, "routes": [${rpc}, { "path": "/kv/*", "cluster": "boards", "quorum": { "n": 1, "n": 1 } }] }`, 'routes[1].quorum.n'],
+        [`{ "clusters": [{ "name": "boards", "nodes": "a=http://127.0.0.1:1", "name": "b2" }], "routes": [${rpc}] }`, 'clusters[0].name'],
+        // Spelled otherwise, one key all the same.
+        [`{ ${clusters}, "routes": [${rpc}], "rou\\u0074es": [${kv}] }`, 'routes'],
+      ] as const) {
+        writeFileSync(path, text);
+        assert.throws(() => parseCommand(['--config', path], {}), (err: Error) => {
+          assert.equal(err.message, `${path}: ${place}: given more than once`);
+          return true;
+        });
+      }
+      // One key in several objects, and keys and braces inside strings, are no repeats.
+      writeFileSync(path, `{ "clusters": [{ "name": "boards", "nodes": "a=http://127.0.0.1:1", "healthPath": "/h?{\\"name\\": [" }], "routes": [${rpc}, { "path": "/x/*", "cluster": "boards", "keyHeader": "x-lakefront-board" }] }`);
+      const config = run(['--config', path]);
+      assert.deepEqual(config.routes.map((r) => r.pattern), ['/rpc/*', '/x/*']);
+      assert.equal(config.clusters[0]!.healthPath, '/h?{"name": [');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('reads a file that begins with a byte-order mark (some editors write one)', () => {
     const dir = mkdtempSync(join(tmpdir(), 'lakefront-bom-'));
     try {
@@ -246,6 +277,7 @@ describe('configuration file', () => {
     ['a bad forwardedFor', { ...good, forwardedFor: true }, / lf\.json: forwardedFor: must be a non-empty string, got true/],
     ['an unknown forwardedFor', { ...good, forwardedFor: 'replace' }, / lf\.json: forwardedFor: must be "append" or "off", got "replace"/],
     ['a bad top-level value, named as the nested ones are', { ...good, threads: 0 }, / lf\.json: threads: must be a number in 1\.\.256, got 0$/],
+    ['a host with a space, named by its place as the other top-level values are', { ...good, host: '0.0.0.0 ' }, / lf\.json: host: bad address "0\.0\.0\.0 "$/],
     ['a bad path', { ...good, routes: [{ path: 'rpc', cluster: 'boards' }] }, /routes\[0\]\.path: must start with \//],
     ['a wildcard that is not a whole segment (uWS matches /api* only as written)', { ...good, routes: [{ path: '/api*', cluster: 'boards' }] }, /routes\[0\]\.path: must start with \/ and may end in \/\* \(a wildcard is a whole segment: "\/api\/\*", not "\/api\*"\), got "\/api\*"/],
     ['a route over the front door\'s own /stats', { ...good, routes: [{ path: '/stats', cluster: 'boards' }] }, /routes\[0\]\.path: \/stats is the front door's own endpoint/],

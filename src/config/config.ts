@@ -9,7 +9,7 @@ import { readFileSync } from 'node:fs';
 import { parseMemberList } from '../membership/membership.js';
 import type { PolicyName } from '../server/protocol.js';
 import type { ClusterConfig, RouteConfig } from '../server/supervisor.js';
-import { parseFileConfig, type FileConfig } from './file.js';
+import { duplicateKey, parseFileConfig, type FileConfig } from './file.js';
 import { ETCD_POLICIES, etcdPreset } from './presets.js';
 import {
   DEFAULT_CLUSTER,
@@ -119,6 +119,8 @@ function readConfigFile(path: string, source: string): FileConfig {
   } catch (err) {
     throw new ConfigError(`${path}: not valid JSON (${jsonProblem(err, text)})`);
   }
+  const twice = duplicateKey(text);
+  if (twice !== null) throw new ConfigError(`${path}: ${twice}: given more than once`);
   return parseFileConfig(raw, path);
 }
 

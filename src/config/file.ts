@@ -262,6 +262,54 @@ function quorum(value: unknown, where: string, cluster: ClusterConfig, region: s
   };
 }
 
+/**
+ * The place of the first key given twice in one object of `text`, which JSON.parse has taken
+ * (`routes`, `routes[1].quorum.n`); null when there is none. JSON.parse keeps the last of them,
+ * so the first (a list of routes pasted in twice, two snippets merged) would go without a word,
+ * as a flag given twice would; the file is refused instead. Keys are compared decoded
+ * (`"rou\u0074es"` is `routes`).
+ */
+export function duplicateKey(text: string): string | null {
+  /** An open object (`keys`) or array (`keys` null), its place, and where its next member goes. */
+  interface Open {
+    readonly place: string;
+    readonly keys: Set<string> | null;
+    key: string;
+    index: number;
+    expectKey: boolean;
+  }
+  const stack: Open[] = [];
+  const placeOfNext = (): string => {
+    const parent = stack[stack.length - 1];
+    if (parent === undefined) return '';
+    if (parent.keys === null) return `${parent.place}[${parent.index}]`;
+    return parent.place === '' ? parent.key : `${parent.place}.${parent.key}`;
+  };
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    const top = stack[stack.length - 1];
+    if (c === '{' || c === '[') {
+      stack.push({ place: placeOfNext(), keys: c === '{' ? new Set() : null, key: '', index: 0, expectKey: c === '{' });
+    } else if (c === '}' || c === ']') {
+      stack.pop();
+    } else if (c === ',') {
+      if (top?.keys === null) top.index++;
+      else if (top !== undefined) top.expectKey = true;
+    } else if (c === '"') {
+      const start = i;
+      for (i++; text[i] !== '"'; i++) if (text[i] === '\\') i++;
+      if (top?.keys && top.expectKey) {
+        const key = JSON.parse(text.slice(start, i + 1)) as string;
+        top.expectKey = false;
+        top.key = key;
+        if (top.keys.has(key)) return top.place === '' ? key : `${top.place}.${key}`;
+        top.keys.add(key);
+      }
+    }
+  }
+  return null;
+}
+
 /** Validates a parsed configuration file. */
 export function parseFileConfig(raw: unknown, file: string): FileConfig {
   if (!isObject(raw)) fail(file, 'must hold a JSON object');
@@ -270,6 +318,9 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
   known(raw, ['port', 'host', 'threads', 'region', 'hintsFile', 'accessLog', 'forwardedFor', 'clusters', 'routes'], top);
   const forwardedFor = str(raw, 'forwardedFor', top);
   if (forwardedFor !== undefined && forwardedFor !== 'append' && forwardedFor !== 'off') fail(field(top, 'forwardedFor'), `must be "append" or "off", got ${JSON.stringify(forwardedFor)}`);
+  // Checked here too, to be named by its place (the flag's is checked where the two meet).
+  const host = str(raw, 'host', top);
+  if (host !== undefined && /\s/.test(host)) fail(field(top, 'host'), `bad address ${JSON.stringify(host)}`);
   const region = str(raw, 'region', top);
   if (region !== undefined && !REGION_NAME.test(region)) fail(field(top, 'region'), `must be 1-64 letters, digits, '.', '_' or '-', got ${JSON.stringify(region)}`);
   const clustersRaw = raw.clusters;
@@ -387,7 +438,7 @@ export function parseFileConfig(raw: unknown, file: string): FileConfig {
   return {
     ...(port !== undefined ? { port } : {}),
     ...(threads !== undefined ? { threads } : {}),
-    ...(str(raw, 'host', top) !== undefined ? { host: raw.host as string } : {}),
+    ...(host !== undefined ? { host } : {}),
     ...(region !== undefined ? { region } : {}),
     ...(str(raw, 'hintsFile', top) !== undefined ? { hintsFile: raw.hintsFile as string } : {}),
     ...(str(raw, 'accessLog', top) !== undefined ? { accessLog: raw.accessLog as string } : {}),
