@@ -531,7 +531,8 @@ export class WebSocketTunnels {
         this.forget(tunnel);
         // The node broke the protocol (a message too large, bad UTF-8 ...): its side was closed
         // with the matching code, and the client is told the same, not a bare cut (1006).
-        this.endClient(tunnel, code, violation ? 'the node broke the WebSocket protocol' : reason);
+        // A message over --max-body-bytes is the limit's doing, not a breach: named as the client's is.
+        this.endClient(tunnel, code, violation ? (code === 1009 ? 'the node sent a message over the limit' : 'the node broke the WebSocket protocol') : reason);
       },
     });
     return tunnel;
