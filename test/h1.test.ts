@@ -478,6 +478,8 @@ describe('h1 client', () => {
     assert.equal(isUnsent(out.error), false, 'it was written: a failover must not resend it');
     // Without the transport's word, only a code that arises before any connection decides.
     assert.equal(isUnsent(Object.assign(new Error('refused'), { code: 'ECONNREFUSED' })), true);
+    // A name not found, or no answer from the resolver: the lookup comes before any connection.
+    for (const code of ['ENOTFOUND', 'EAI_AGAIN']) assert.equal(isUnsent(Object.assign(new Error('lookup'), { code })), true, code);
     assert.equal(isUnsent(Object.assign(new Error('unreachable'), { code: 'EHOSTUNREACH' })), false);
     // The undici transport says: on a socket (onConnect ran, the request was written) it may
     // have been sent, whatever the code; never on one, it was not.

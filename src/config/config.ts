@@ -51,7 +51,7 @@ export const OPTIONS: readonly CliOption[] = [
   { flag: 'hedge-budget-percent', env: 'LAKEFRONT_HEDGE_BUDGET_PERCENT', value: 'p', help: 'hedges may not exceed this share of retryable requests; less while hedges seldom win; 100: no budget [5]' },
   { flag: 'health-interval-ms', env: 'LAKEFRONT_HEALTH_INTERVAL_MS', value: 'ms', help: 'health-poll interval [1000]' },
   { flag: 'health-timeout-ms', env: 'LAKEFRONT_HEALTH_TIMEOUT_MS', value: 'ms', help: 'health-probe deadline [500]' },
-  { flag: 'unreachable-hold-ms', env: 'LAKEFRONT_UNREACHABLE_HOLD_MS', value: 'ms', help: 'a node a request could not reach (connection refused, or not made in time, or its name not resolved) is out of every ranking this long, then until a health probe passes [3000]' },
+  { flag: 'unreachable-hold-ms', env: 'LAKEFRONT_UNREACHABLE_HOLD_MS', value: 'ms', help: 'a node a request could not reach (connection refused, or not made in time, or its name not found) is out of every ranking this long, then until a health probe passes [3000]' },
   { flag: 'eject-after', env: 'LAKEFRONT_EJECT_AFTER', value: 'n', help: 'passive health: a node this many attempts in a row failed at (no answer: a timeout, a reset, a refused connection), across all threads, is ejected from every ranking; 0: never [5]' },
   { flag: 'eject-ms', env: 'LAKEFRONT_EJECT_MS', value: 'ms', help: 'an ejected node is out this long times its ejections in a row (at most 300000, or this), then until a health probe passes [30000]' },
   { flag: 'eject-max-percent', env: 'LAKEFRONT_EJECT_MAX_PERCENT', value: 'p', help: "at most this share of a cluster's nodes out by ejection at once; one always may be, never the last routable one [10]" },

@@ -98,7 +98,7 @@ export interface ExchangeDriver {
  * arise before a connection exists. (EHOSTUNREACH and ENETUNREACH are not among them: they can
  * also end a connection after a request was written.)
  */
-const UNSENT_CODES: ReadonlySet<string> = new Set(['ECONNREFUSED', 'UND_ERR_CONNECT_TIMEOUT', 'ENOTFOUND', 'EADDRNOTAVAIL']);
+const UNSENT_CODES: ReadonlySet<string> = new Set(['ECONNREFUSED', 'UND_ERR_CONNECT_TIMEOUT', 'ENOTFOUND', 'EAI_AGAIN', 'EADDRNOTAVAIL']);
 
 /**
  * Whether a failed attempt provably never reached the node: its connection was refused, or it

@@ -99,10 +99,13 @@ const UNREACHABLE_REPORT_GAP_MS = 500;
 
 /**
  * Attempt failures that say the node could not be reached: the connection refused, or not made
- * in time, or the node's name not resolved (ENOTFOUND: no such name now; EAI_AGAIN: the resolver
- * did not answer) (the h1 client's codes, undici's, the kernel's, getaddrinfo's). Each is reported to the control plane,
- * which takes the node out of every ranking for `--unreachable-hold-ms` (seed 004: "the edge
- * marks an unreachable follower as failed for three seconds").
+ * in time, or the node's name not found (ENOTFOUND: the resolver says there is no such name now)
+ * (the h1 client's codes, undici's, the kernel's, getaddrinfo's). Each is reported to the control
+ * plane, which takes the node out of every ranking for `--unreachable-hold-ms` (seed 004: "the
+ * edge marks an unreachable follower as failed for three seconds").
+ *
+ * Not a resolver that did not answer (EAI_AGAIN): that says nothing of the node, whose kept-alive
+ * connections may be serving meanwhile (nor does it count toward ejection, below).
  *
  * Not an answer that is late (a request timeout): the node was reached, and a slow request (or a
  * burst the front door queued itself) would otherwise take every node it failed over to out of
@@ -116,7 +119,6 @@ const UNREACHABLE_CODES: ReadonlySet<string> = new Set([
   'ENETUNREACH',
   'ETIMEDOUT',
   'ENOTFOUND',
-  'EAI_AGAIN',
   H1Codes.CONNECT_TIMEOUT,
   'UND_ERR_CONNECT_TIMEOUT',
 ]);
@@ -128,11 +130,12 @@ export function isUnreachable(code: string): boolean {
 
 /**
  * Attempt failures that are the node's, toward ejection (`ejectAfter`): no answer in time, a
- * reset, a connection refused or not made in time, the node's name not resolved, a response that is not HTTP. Not a failure the
- * front door made itself: an attempt it refused before sending (a header value undici would not send: upstream.ts undiciRefusal), its
- * own connections closing at a stop or reload, a response over its size limit; nor a timeout of
- * an attempt never written (queued behind the front door's own connection limit). undici's
- * parser errors (`HPE_*`) count: the node's bytes were not HTTP.
+ * reset, a connection refused or not made in time, the node's name not found, a response that is
+ * not HTTP. Not a failure the front door made itself: an attempt it refused before sending (a
+ * header value undici would not send: upstream.ts undiciRefusal), its own connections closing at
+ * a stop or reload, a response over its size limit; nor a timeout of an attempt never written
+ * (queued behind the front door's own connection limit); nor a resolver that did not answer
+ * (EAI_AGAIN). undici's parser errors (`HPE_*`) count: the node's bytes were not HTTP.
  */
 const NODE_FAILURES: ReadonlySet<string> = new Set([
   H1Codes.REFUSED,
@@ -146,7 +149,6 @@ const NODE_FAILURES: ReadonlySet<string> = new Set([
   'EHOSTUNREACH',
   'ENETUNREACH',
   'ENOTFOUND',
-  'EAI_AGAIN',
   'ECONNABORTED',
   'UND_ERR_SOCKET',
   'UND_ERR_HEADERS_TIMEOUT',

@@ -212,7 +212,7 @@ export type WorkerMessage =
   | { readonly t: 'listen-failed'; readonly reason: string }
   | { readonly t: 'stats-request'; readonly id: number }
   | { readonly t: 'histograms'; readonly id: number; readonly encoded: (string | null)[] }
-  /** An attempt could not reach the node (connection refused, or not made in time, or its name not resolved). */
+  /** An attempt could not reach the node (connection refused, or not made in time, or its name not found). */
   | { readonly t: 'node-unreachable'; readonly node: number }
   /** Passive health: `failures` attempts in a row at the node failed, the last with `code`. */
   | { readonly t: 'node-failing'; readonly node: number; readonly failures: number; readonly code: string }

@@ -68,9 +68,9 @@ export interface FrontDoorConfig {
   readonly healthIntervalMs: number;
   readonly healthTimeoutMs: number;
   /**
-   * How long a node an attempt could not reach (connection refused, or not made in time, or its name not resolved) stays
-   * out of every ranking before a passing health probe may bring it back. Default 3000
-   * (seed 004: "marks an unreachable follower as failed for three seconds").
+   * How long a node an attempt could not reach (connection refused, or not made in time, or its
+   * name not found) stays out of every ranking before a passing health probe may bring it back.
+   * Default 3000 (seed 004: "marks an unreachable follower as failed for three seconds").
    */
   readonly unreachableHoldMs?: number;
   /**
