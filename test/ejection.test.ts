@@ -454,7 +454,7 @@ describe('what counts toward ejection, and what does not', () => {
 
 describe('nodeFailure: which attempt errors are the node\'s', () => {
   const error = (code: string, unsent = false) => Object.assign(new Error(code), { code, unsent });
-  it('counts no answer in time, resets, refused or unmade connections and bytes that are not HTTP', () => {
+  it('counts no answer in time, resets, refused or unmade connections, names not found and bytes that are not HTTP', () => {
     for (const code of ['LF_ERR_UPSTREAM_TIMEOUT', 'LF_ERR_UPSTREAM_CLOSED', 'ECONNREFUSED', 'LF_ERR_UPSTREAM_CONNECT_TIMEOUT', 'LF_ERR_UPSTREAM_BAD_RESPONSE', 'ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT', 'ENOTFOUND', 'HPE_INVALID_CONSTANT']) {
       assert.equal(nodeFailure(error(code)), code);
     }
