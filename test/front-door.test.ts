@@ -550,6 +550,29 @@ describe('front door: HTTP surface', () => {
     }
   });
 
+  it("answers a HEAD with a node's 204 without the content-length the node put on it (RFC 9110 8.6, as nginx), with either upstream client; a 200's stays", async () => {
+    let next = '';
+    const raw = await startRawNode('head-204', (socket) => socket.write(next));
+    try {
+      for (const upstreamClient of ['h1', 'undici'] as const) {
+        const door = await FrontDoor.start(doorConfig([raw], { upstreamClient, hedgeMode: 'off' }));
+        try {
+          const head = 'HEAD /rpc/x HTTP/1.1\r\nhost: x\r\nx-lakefront-board: b\r\nconnection: close\r\n\r\n';
+          next = 'HTTP/1.1 204 No Content\r\ncontent-length: 0\r\nx-n: 1\r\n\r\n';
+          const answer = await rawExchange(door.url, head);
+          assert.match(answer, /^HTTP\/1\.1 204 [^]*\r\nx-n: 1\r\n/, `${upstreamClient}: ${answer}`);
+          assert.doesNotMatch(answer, /content-length/i, `${upstreamClient}: ${answer}`);
+          next = 'HTTP/1.1 200 OK\r\ncontent-length: 1234\r\n\r\n';
+          assert.match(await rawExchange(door.url, head), /^HTTP\/1\.1 200 [^]*\r\ncontent-length: 1234\r\n/, upstreamClient);
+        } finally {
+          await door.stop();
+        }
+      }
+    } finally {
+      await raw.stop();
+    }
+  });
+
   it('refuses an answer in a transfer-coding other than chunked alone (502), with either upstream client', async () => {
     // Decoded as chunked and relayed with a length, `gzip, chunked` would reach the client as
     // plain bytes; `gzip` alone would be read to the end of the connection and relayed the same.

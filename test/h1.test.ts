@@ -384,6 +384,25 @@ describe('h1 client', () => {
     }
   });
 
+  it('takes a content-length line listing one value again (`5, 5`, RFC 9110 8.6) as it takes two lines of it, reports it once as the value, and fails two values', async () => {
+    const answers = ['content-length: 5, 5', 'content-length: 5 ,\t5', 'content-length: 5\r\ncontent-length: 5, 5', 'content-length: 5, 6', 'content-length: 5,', 'content-length: 5\r\ncontent-length: 6, 6'];
+    let n = 0;
+    const { server, pool } = await setup((req) => req.socket.write(`HTTP/1.1 200 OK\r\n${answers[n++ % answers.length]}\r\n\r\n${req.head.startsWith('HEAD') ? '' : 'hello'}`));
+    try {
+      for (const answer of answers.slice(0, 3)) {
+        const out = await sendAfterPoll(pool, request('GET', '/'));
+        assert.equal(out.body, 'hello', answer);
+      }
+      for (const answer of answers.slice(3)) assert.equal((await sendAfterPoll(pool, request('GET', '/'))).error?.code, H1Codes.BAD_RESPONSE, answer);
+      // A HEAD answer's length is relayed: as one value (clients refuse `5, 5`).
+      n = 0;
+      for (const answer of answers.slice(0, 3)) assert.deepEqual((await sendAfterPoll(pool, request('HEAD', '/'), false)).headers, [['content-length', '5']], answer);
+    } finally {
+      pool.close(true);
+      server.close();
+    }
+  });
+
   it('reports a malformed response, an early close, and a refused connection, each with its code', async () => {
     const bad = await setup((req) => req.socket.write('HTTX/1.1 200 OK\r\n\r\n'));
     assert.equal((await send(bad.pool, request('GET', '/'))).error?.code, H1Codes.BAD_RESPONSE);

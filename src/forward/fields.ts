@@ -34,6 +34,30 @@ export function parseDecimal(buf: Uint8Array, start: number, end: number): numbe
   return n;
 }
 
+/**
+ * Where the first element of a content-length list `buf[start, end)` ends, when the list repeats
+ * one decimal value (`42, 42`: RFC 9110 8.6's duplicate lines an upstream processor combined,
+ * taken as one, as two lines of one value are); -1 if it is not such a list.
+ */
+export function repeatedLengthEnd(buf: Uint8Array, start: number, end: number): number {
+  let first = -1;
+  let value = -1;
+  for (let at = start; at <= end; ) {
+    let comma = at;
+    while (comma < end && buf[comma] !== 0x2c) comma++;
+    let s = at;
+    let e = comma;
+    while (s < e && (buf[s] === 0x20 || buf[s] === 0x09)) s++;
+    while (e > s && (buf[e - 1] === 0x20 || buf[e - 1] === 0x09)) e--;
+    const n = parseDecimal(buf, s, e);
+    if (n < 0 || (value >= 0 && n !== value)) return -1;
+    if (value < 0) first = e;
+    value = n;
+    at = comma + 1;
+  }
+  return first;
+}
+
 export class HeaderFields {
   /** The bytes the offsets index. */
   buf: Buffer = EMPTY;

@@ -29,7 +29,7 @@
 import { Buffer } from 'node:buffer';
 import { performance } from 'node:perf_hooks';
 import { connect, type Socket } from 'node:net';
-import { HeaderFields, connectionNamed, isChunkedOnly, nameIs, parseDecimal } from './fields.js';
+import { HeaderFields, connectionNamed, isChunkedOnly, nameIs, parseDecimal, repeatedLengthEnd } from './fields.js';
 import { PrefixViews } from './prefix-views.js';
 import { DEFAULT_MAX_RESPONSE_BYTES } from '../contract.js';
 
@@ -740,7 +740,12 @@ class H1Connection {
             // Once: a repeated line of the same length (RFC 9110 8.6 lets a recipient take it
             // as one) relayed twice is refused by clients (llhttp: "Duplicate Content-Length").
             relay = !p.expectBody && contentLength < 0;
-            const n = parseDecimal(buf, vs, ve);
+            let n = parseDecimal(buf, vs, ve);
+            if (n < 0) {
+              // `5, 5` is one length, relayed (for a HEAD) as `5`: clients refuse a list.
+              const first = repeatedLengthEnd(buf, vs, ve);
+              if (first >= 0) n = parseDecimal(buf, vs, (ve = first));
+            }
             if (n < 0 || (contentLength >= 0 && contentLength !== n)) {
               this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad content-length'));
               return HEAD_DONE;

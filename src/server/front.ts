@@ -448,9 +448,10 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     const tickets = this.route.tickets;
     if (tickets !== null && !this.ticketKept && (exchange.servedBy !== this.pinned || this.renewTicket) && !isBackOff(exchange.status, exchange.headers)) res.writeHeader(tickets.header, tickets.mint(runtime.ids[exchange.servedBy]!, this.region));
     const own = runtime.answerLines[2 * exchange.servedBy + (exchange.hedged ? 1 : 0)]!;
-    writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead, tickets === null ? null : tickets.header);
+    writeRelayedHeaders(res, exchange.headers as HeaderFields | null, own, isHead && exchange.status !== 204, tickets === null ? null : tickets.header);
     // uWS writes its own content-length; for HEAD the node's is relayed instead (see relay.ts),
-    // and a 204 or 304 has none (RFC 9110 8.6).
+    // and a 204 or 304 has none (RFC 9110 8.6: a 204 never, not even a node's to a HEAD, as
+    // nginx drops it; a 304 to a HEAD may keep the node's, the 200's length).
     if (isHead || bodiless(exchange.status)) endHeadAnswer(res, close);
     else this.sendBody(exchange.body!, close);
   }
@@ -469,7 +470,7 @@ class ProxyRequest implements ProxiedRequest, ReplicatedOwner {
     if (call.status !== 200) res.writeStatus(statusBytes(call.status));
     res.writeHeader(ACKS_HEADER, `${call.acks}/${call.required}`);
     const isHead = this.method === 'HEAD';
-    writeRelayedHeaders(res, call.headers, runtime.answerLines[2 * call.servedBy]!, isHead);
+    writeRelayedHeaders(res, call.headers, runtime.answerLines[2 * call.servedBy]!, isHead && call.status !== 204);
     if (isHead || bodiless(call.status)) endHeadAnswer(res, close);
     else this.sendBody(call.body!, close);
   }

@@ -81,8 +81,8 @@ let scratch = new PrefixViews(Buffer.allocUnsafe(16 * 1024));
 
 /**
  * Writes the front door's `own` lines (from {@link answerLines}) and the relayed fields as header
- * lines of `res`, in one call. For a HEAD answer (`head`) the node's content-length is relayed as
- * a line too: the answer then ends with `endWithoutBody()` and no argument (uWS 20.30 leaves a
+ * lines of `res`, in one call. For a HEAD answer (`head`; not a 204, which has none) the node's
+ * content-length is relayed as a line too: the answer then ends with `endWithoutBody()` and no argument (uWS 20.30 leaves a
  * response given a length there unfinished, and the connection dies with the next request).
  * `drop`: one more name not relayed.
  */
