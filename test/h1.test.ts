@@ -806,6 +806,15 @@ describe('h1 client', () => {
     server.close();
   });
 
+  it('fails an answer whose trailer section runs past 64 KiB, as a head that long, without waiting for its end', async () => {
+    // The node sends 128 KiB of trailer lines and then holds the connection open: no end comes.
+    const { server, pool } = await setup((req) => req.socket.write(`HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n${'x-t: 0123456789abcdef\r\n'.repeat(128 * 1024 / 23)}`));
+    const out = await send(pool, request('GET', '/'));
+    assert.equal(out.error?.code, H1Codes.BAD_RESPONSE);
+    assert.match(out.error!.message, /trailer section too large/);
+    server.close();
+  });
+
   it('closes idle connections before the server\'s keep-alive hint runs out', async () => {
     const { server, pool } = await setup((req) => req.socket.write('HTTP/1.1 200 OK\r\nkeep-alive: timeout=1\r\ncontent-length: 0\r\n\r\n'));
     await send(pool, request('GET', '/'));

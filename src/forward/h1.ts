@@ -585,6 +585,13 @@ class H1Connection {
           const lineStart = at;
           at = eol + 2;
           if (this.phase === Phase.Trailers) {
+            // Read and dropped, yet bounded as a head is: a node that sends trailer lines without
+            // end would otherwise hold the attempt for as long as it keeps them coming.
+            this.remaining -= at - lineStart;
+            if (this.remaining < 0) {
+              this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'trailer section too large'));
+              return;
+            }
             if (eol === lineStart) {
               if (at < end && !this.hasFollowers()) this.reusable = false;
               this.complete(p);
@@ -605,7 +612,10 @@ class H1Connection {
             this.destroy(new H1Error(H1Codes.BAD_RESPONSE, 'bad chunk size'));
             return;
           }
-          if (size === 0) this.phase = Phase.Trailers;
+          if (size === 0) {
+            this.phase = Phase.Trailers;
+            this.remaining = MAX_HEAD_BYTES; // the trailer section's budget
+          }
           else if (this.bodyBytes + size > this.pool.maxResponseBytes) {
             // Said before its bytes come (the last chunk could otherwise complete the answer).
             this.destroy(new H1Error(H1Codes.TOO_LARGE, `response larger than the limit of ${this.pool.maxResponseBytes} bytes`));
