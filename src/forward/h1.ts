@@ -615,8 +615,7 @@ class H1Connection {
           if (size === 0) {
             this.phase = Phase.Trailers;
             this.remaining = MAX_HEAD_BYTES; // the trailer section's budget
-          }
-          else if (this.bodyBytes + size > this.pool.maxResponseBytes) {
+          } else if (this.bodyBytes + size > this.pool.maxResponseBytes) {
             // Said before its bytes come (the last chunk could otherwise complete the answer).
             this.destroy(new H1Error(H1Codes.TOO_LARGE, `response larger than the limit of ${this.pool.maxResponseBytes} bytes`));
             return;
